@@ -1,0 +1,462 @@
+"""Run a sweep: grid -> shape groups -> chunks -> ``jit(lax.map(vmap(run)))`` -> Parquet parts.
+
+``python -m phasebo.sweep FILE [--out DIR] [--set key=value ...] [--seeds N]``
+
+1. The sweep file (plus ``--set`` overrides) becomes a grid of runs (:mod:`phasebo.config`).
+2. Runs are grouped by their static settings; each group is compiled once.
+3. A group's runs go through the compiled function in host chunks. Inside a chunk the run axis
+   is split across the local devices (``shard_map`` over a 1-D mesh) and each device works through
+   its share in small vmapped blocks (``lax.map(batch_size=...)``): on CPU the direct engine is
+   memory-bound, and blocks that keep a few runs' tokens in cache are faster per run than one
+   huge vmap.
+4. Each finished chunk is written at once as Parquet parts (atomic rename). Re-running the same
+   command resumes: runs already in the parts are skipped. A different sweep in the same
+   directory is refused unless ``--overwrite``.
+5. The parts are assembled into ``results.parquet``, ``results.csv`` (and ``dynamics.parquet``,
+   ``samples.parquet``), then heatmaps are drawn.
+
+Run keys are ``fold_in(PRNGKey(root_seed), run_id)`` and data are drawn inside each run, so a
+run's numbers do not depend on the chunk size, the block size or the number of devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from . import config as C
+from .config import ConfigError, Static, SweepSpec
+
+# Default fraction of free memory a sweep may plan to use.
+MEMORY_FRACTION = 0.5
+
+
+def _jax():
+    import jax
+
+    return jax
+
+
+# --------------------------------------------------------------------------------------------
+# Planning
+# --------------------------------------------------------------------------------------------
+
+
+def group_runs(runs: list[dict]) -> list[tuple[Static, list[dict]]]:
+    """Runs grouped by static settings, groups in order of first appearance."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(C.static_key(r), []).append(r)
+    return [(Static(k), v) for k, v in groups.items()]
+
+
+def free_memory_bytes() -> int:
+    """Free memory of the first local device (accelerator) or of the host."""
+    jax = _jax()
+    dev = jax.local_devices()[0]
+    if dev.platform != "cpu":
+        try:
+            st = dev.memory_stats()
+            return int(st["bytes_limit"] - st.get("bytes_in_use", 0))
+        except Exception:  # memory_stats is optional for a backend
+            pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def _cost_per_run(static: Static) -> float:
+    """Rough flop count of one run (only used to size chunks for progress and resume)."""
+    d, n, T, steps = static.d, static.n, static.T, max(static.steps, 1)
+    c = 6.0 * n * T * d * steps
+    if "W" in getattr(static, "train", ()):
+        c += 6.0 * d * d * steps
+    return c
+
+
+def plan_group(
+    static: Static,
+    n_runs: int,
+    bytes_per_run: int,
+    n_dev: int,
+    memory_budget: int,
+    chunk_size: int | None = None,
+    block_size: int | None = None,
+) -> tuple[int, int]:
+    """Pick ``(chunk, block)``: runs per host chunk and runs vmapped together on a device.
+
+    The block is what occupies memory at once (``block`` runs per device); the chunk only adds
+    its small outputs. Raises :class:`ConfigError` when one run exceeds the budget.
+    """
+    per_dev_budget = memory_budget / n_dev
+    if bytes_per_run > per_dev_budget:
+        raise ConfigError(
+            f"one run of this group needs about {bytes_per_run / 2**30:.2f} GiB (d = {static.d}, "
+            f"n = {static.n}, T = {static.T}, n_test = {static.n_test}) but the memory budget is "
+            f"{per_dev_budget / 2**30:.2f} GiB per device; fix: lower d, n or n_test, use "
+            "test_mode = \"projected\", or raise --memory-budget"
+        )
+    if block_size is None:
+        # Measured on 2 CPU cores: the direct engine is memory-bound, blocks of a few runs whose
+        # tokens fit in cache beat big vmaps (see phasebo.bench). Accelerators want wide blocks.
+        if _jax().local_devices()[0].platform == "cpu":
+            block_size = max(1, min(8, int(2**21 // max(bytes_per_run, 1))))
+        else:
+            block_size = 256
+    block = max(1, min(block_size, int(per_dev_budget // bytes_per_run)))
+    unit = block * n_dev
+    if chunk_size is not None:
+        chunk = max(1, chunk_size)
+    else:
+        # ~4 s of work per chunk on a 2-core CPU: frequent progress and cheap resume.
+        target = 4 * 2e10 * n_dev
+        chunk = int(max(unit, min(4096, target // _cost_per_run(static))))
+        chunk = unit * max(1, chunk // unit)
+    return min(chunk, max(n_runs, 1)), block
+
+
+def spec_hash(spec: SweepSpec) -> str:
+    """Hash of everything that decides the rows (not the chunking or the device count)."""
+    blob = json.dumps(
+        {"fixed": spec.fixed, "axes": spec.axes, "seeds": spec.seeds,
+         "settings": sorted(C.SETTINGS)},
+        sort_keys=True, default=repr,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled chunk functions
+# --------------------------------------------------------------------------------------------
+
+_COMPILED: dict = {}
+
+
+def chunk_function(static: Static, block: int, n_dev: int) -> Callable:
+    """``f(swept (B,), run_ids (B,), root_key) -> RunOutput`` with leading axis ``B``.
+
+    One jitted function per (static group, block, device count); jit's own cache then compiles
+    it once per chunk shape (the last chunk is padded to the same shape).
+    """
+    key = (static, block, n_dev)
+    if key in _COMPILED:
+        return _COMPILED[key]
+    jax = _jax()
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from .train import resolve_engine
+
+    run = resolve_engine(static).run
+
+    def local(sw, ids, root):
+        def one(args):
+            sw1, i = args
+            return run(static, sw1, jax.random.fold_in(root, i))
+
+        return jax.lax.map(one, (sw, ids), batch_size=block)
+
+    if n_dev > 1:
+        mesh = Mesh(np.array(jax.local_devices()[:n_dev]), ("runs",))
+        fn = jax.shard_map(local, mesh=mesh, in_specs=(P("runs"), P("runs"), P()),
+                           out_specs=P("runs"), check_vma=False)
+    else:
+        fn = local
+    compiled = jax.jit(fn)
+    _COMPILED[key] = compiled
+    return compiled
+
+
+# --------------------------------------------------------------------------------------------
+# Rows
+# --------------------------------------------------------------------------------------------
+
+
+def rows_from_output(spec: SweepSpec, runs: list[dict], out, static: Static):
+    """Host arrays of a chunk -> (results, dynamics, samples) DataFrames."""
+    import pandas as pd
+
+    from .results import classify_regime, derived_columns
+    from .train import STATUS_NAMES
+
+    B = len(runs)
+    final = {k: np.asarray(v)[:B] for k, v in out.final.items()}
+    res = pd.DataFrame(runs)
+    res.insert(0, "sweep", spec.name)
+    res["engine_setting"] = res["engine"]
+    res["engine"] = _engine_used(static)  # the engine that ran (auto resolved)
+    res["train"] = res["train"].map(lambda t: "+".join(t))
+    for k, v in final.items():
+        res[k] = v
+    res["status"] = [STATUS_NAMES.get(int(s), "error") for s in final["status"]]
+    res["regime"] = classify_regime(
+        res["train_acc"], res["test_acc"], res["status"], res["test_eps"], res["train_acc_fit"]
+    )
+    res = derived_columns(res)
+    front = ["sweep", "run_id", "model", "seed", "d", "signal_norm", "n", "n_test", "T", "rho",
+             "noise_ratio", "lr", "steps", "train_acc", "train_acc_clean", "train_acc_noisy",
+             "test_acc", "train_loss", "test_loss", "status", "regime"]
+    res = res[front + [c for c in res.columns if c not in front]]
+
+    dyn = None
+    rec = C.record_steps(static.steps, static.record_every, static.record_log)
+    if rec and out.dynamics:
+        cols = {k: np.asarray(v)[:B].reshape(-1) for k, v in out.dynamics.items()}
+        dyn = pd.DataFrame({
+            "run_id": np.repeat([r["run_id"] for r in runs], len(rec)),
+            "step": np.tile(np.asarray(rec, np.int64), B),
+            **cols,
+        })
+    smp = None
+    if out.samples:
+        cols = {k: np.asarray(v)[:B] for k, v in out.samples.items()}
+        n = next(iter(cols.values())).shape[1]
+        smp = pd.DataFrame({
+            "run_id": np.repeat([r["run_id"] for r in runs], n),
+            "sample": np.tile(np.arange(n), B),
+            **{k: v.reshape(-1) for k, v in cols.items()},
+        })
+    return res, dyn, smp
+
+
+def _engine_used(static: Static) -> str:
+    from .train import resolve_engine
+
+    return resolve_engine(static).name
+
+
+# --------------------------------------------------------------------------------------------
+# The driver
+# --------------------------------------------------------------------------------------------
+
+
+def _progress(total: int, done: int, quiet: bool):
+    if quiet:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, unit="run", dynamic_ncols=True, file=sys.stderr,
+                smoothing=0.1)
+
+
+def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool) -> Path:
+    """Create ``out_dir`` with its manifest; refuse a different sweep unless ``overwrite``."""
+    out_dir = Path(out_dir)
+    manifest = out_dir / "manifest.json"
+    h = spec_hash(spec)
+    if manifest.exists():
+        old = json.loads(manifest.read_text())
+        if old.get("spec_hash") != h:
+            if not overwrite:
+                raise ConfigError(
+                    f"{out_dir} holds results of a different sweep specification "
+                    f"(hash {old.get('spec_hash')} vs {h}); fix: choose another --out or pass "
+                    "--overwrite to discard them"
+                )
+        if overwrite and old.get("spec_hash") != h:
+            shutil.rmtree(out_dir / "parts", ignore_errors=True)
+            for f in ("results.parquet", "results.csv", "dynamics.parquet", "samples.parquet"):
+                (out_dir / f).unlink(missing_ok=True)
+    elif overwrite and (out_dir / "parts").exists():
+        shutil.rmtree(out_dir / "parts", ignore_errors=True)
+    (out_dir / "parts").mkdir(parents=True, exist_ok=True)
+    tmp = manifest.with_name(".manifest.json.tmp")
+    tmp.write_text(json.dumps({"spec_hash": h, "name": spec.name, "n_runs": spec.n_runs,
+                               "spec": spec.to_dict()}, indent=1, default=repr))
+    os.replace(tmp, manifest)
+    return out_dir
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path | None = None,
+    *,
+    chunk_size: int | None = None,
+    block_size: int | None = None,
+    memory_budget: int | None = None,
+    n_devices: int | None = None,
+    overwrite: bool = False,
+    quiet: bool = False,
+    plots: bool = True,
+    max_chunks: int | None = None,
+):
+    """Run every run of ``spec`` not already in ``out_dir`` and assemble the results.
+
+    Returns the results DataFrame (``None`` if ``max_chunks`` stopped the sweep early).
+    """
+    import jax.numpy as jnp
+
+    from .results import assemble, done_run_ids, write_table_atomic
+    from .train import MODELS, resolve_engine, swept_arrays
+
+    jax = _jax()
+    out_dir = Path(out_dir) if out_dir is not None else Path("results") / spec.name
+    runs = spec.runs()
+    if any(r["dtype"] == "float64" for r in runs):
+        jax.config.update("jax_enable_x64", True)
+    out_dir = prepare_out_dir(out_dir, spec, overwrite)
+    parts = out_dir / "parts"
+    done = done_run_ids(parts)
+    n_dev_avail = len(jax.local_devices())
+    n_dev = max(1, min(n_devices or n_dev_avail, n_dev_avail))
+    budget = memory_budget or int(MEMORY_FRACTION * free_memory_bytes())
+    groups = group_runs(runs)
+    plans = []
+    for static, g_runs in groups:
+        mspec = MODELS[static.model]
+        todo = [r for r in g_runs if r["run_id"] not in done]
+        eng = resolve_engine(static)
+        nbytes = (eng.bytes_per_run or mspec.bytes_per_run)(static)
+        chunk, block = plan_group(static, len(g_runs), nbytes, n_dev, budget, chunk_size,
+                                  block_size)
+        plans.append((static, todo, chunk, block))
+    bar = _progress(len(runs), len(done), quiet)
+    root = jax.random.PRNGKey(runs[0]["root_seed"]) if runs else None
+    chunks_run = 0
+    t0 = time.perf_counter()
+    try:
+        for static, todo, chunk, block in plans:
+            if not todo:
+                continue
+            mspec = MODELS[static.model]
+            fn = chunk_function(static, block, n_dev)
+            width = math.ceil(chunk / (block * n_dev)) * block * n_dev  # device-divisible
+            for start in range(0, len(todo), chunk):
+                if max_chunks is not None and chunks_run >= max_chunks:
+                    return None
+                part = todo[start : start + chunk]
+                padded = part + [part[-1]] * (width - len(part))  # same shape: no recompile
+                sw = swept_arrays(static, padded, mspec)
+                ids = np.asarray([r["run_id"] for r in padded], np.uint32)
+                out = fn({k: jnp.asarray(v) for k, v in sw.items()}, jnp.asarray(ids), root)
+                out = jax.device_get(out)
+                res, dyn, smp = rows_from_output(spec, part, out, static)
+                tag = f"{part[0]['run_id']:09d}-{part[-1]['run_id']:09d}"
+                # samples and dynamics first: a results part marks the runs as done
+                if dyn is not None:
+                    write_table_atomic(dyn, parts / f"dynamics-{tag}.parquet")
+                if smp is not None:
+                    write_table_atomic(smp, parts / f"samples-{tag}.parquet")
+                write_table_atomic(res, parts / f"results-{tag}.parquet")
+                chunks_run += 1
+                if bar is not None:
+                    bar.update(len(part))
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        print(f"interrupted: finished chunks are saved under {parts}; run the same command "
+              "again to resume", file=sys.stderr)
+        raise
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - t0
+    df = assemble(out_dir, spec.n_runs)
+    if plots:
+        from .plot import sweep_figures
+
+        sweep_figures(df, spec, out_dir)
+    if not quiet:
+        n_new = sum(len(t) for _, t, _, _ in plans)
+        print(f"{spec.name}: {n_new} runs in {elapsed:.1f} s on {n_dev} device(s) "
+              f"({n_new / max(elapsed, 1e-9):.1f} runs/s); results in {out_dir}", file=sys.stderr)
+    return df
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_bytes(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise ConfigError(f"--memory-budget {text!r}: expected bytes such as 8G or 512M") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own exit code is 2 as well; keep its one line
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m phasebo.sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("file", help="sweep file (TOML), e.g. sweeps/default.toml")
+    p.add_argument("--out", help="output directory (default: results/<sweep name>/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting; a list [a, b] or a range {start=..,stop=..,step=..} "
+                        "makes an axis")
+    p.add_argument("--seeds", type=int, help="seeds per grid cell")
+    p.add_argument("--chunk-size", type=int, help="runs per host chunk (default: sized to ~4 s)")
+    p.add_argument("--block-size", type=int, help="runs vmapped together per device")
+    p.add_argument("--memory-budget", help="bytes the sweep may plan for, e.g. 8G "
+                                           "(default: half the free memory)")
+    p.add_argument("--devices", type=int, help="use at most this many local devices")
+    p.add_argument("--cpu-devices", type=int,
+                   help="split the CPU into this many devices (default: one per core)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="discard results of a different sweep in --out")
+    p.add_argument("--no-plots", action="store_true", help="skip the heatmaps")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.seeds is not None and args.seeds < 1:
+            raise ConfigError(f"--seeds = {args.seeds} must be a positive integer")
+        if args.chunk_size is not None and args.chunk_size < 1:
+            raise ConfigError(f"--chunk-size = {args.chunk_size} must be >= 1")
+        if args.block_size is not None and args.block_size < 1:
+            raise ConfigError(f"--block-size = {args.block_size} must be >= 1")
+        budget = _parse_bytes(args.memory_budget) if args.memory_budget else None
+        # Use every CPU core: XLA runs one vmapped program on one core, so split the host into
+        # devices before JAX starts its backends.
+        import jax
+
+        ncpu = args.cpu_devices or os.cpu_count() or 1
+        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            jax.config.update("jax_num_cpu_devices", ncpu)
+        from . import train  # noqa: F401  (registers models)
+
+        spec = C.load_sweep(args.file, C.parse_set(args.set), args.seeds)
+        if args.dry_run:
+            for static, g in group_runs(spec.runs()):
+                print(f"group d={static.d} n={static.n} T={static.T} steps={static.steps}: "
+                      f"{len(g)} runs")
+            print(f"{spec.n_runs} runs in all")
+            return 0
+        run_sweep(spec, args.out, chunk_size=args.chunk_size, block_size=args.block_size,
+                  memory_budget=budget, n_devices=args.devices, overwrite=args.overwrite,
+                  quiet=args.quiet, plots=not args.no_plots)
+    except ConfigError as e:
+        print(f"phasebo.sweep: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
