@@ -97,6 +97,7 @@ def plan_group(
     memory_budget: int,
     chunk_size: int | None = None,
     block_size: int | None = None,
+    engine=None,
 ) -> tuple[int, int]:
     """Pick ``(chunk, block)``: runs per host chunk and runs vmapped together on a device.
 
@@ -111,10 +112,13 @@ def plan_group(
             f"{per_dev_budget / 2**30:.2f} GiB per device; fix: lower d, n or n_test, use "
             "test_mode = \"projected\", or raise --memory-budget"
         )
+    platform = _jax().local_devices()[0].platform
+    if block_size is None and engine is not None and engine.block_size is not None:
+        block_size = engine.block_size(static, platform)
     if block_size is None:
         # Measured on 2 CPU cores: the direct engine is memory-bound, blocks of a few runs whose
         # tokens fit in cache beat big vmaps (see phasebo.bench). Accelerators want wide blocks.
-        if _jax().local_devices()[0].platform == "cpu":
+        if platform == "cpu":
             block_size = max(1, min(8, int(2**21 // max(bytes_per_run, 1))))
         else:
             block_size = 256
@@ -125,7 +129,9 @@ def plan_group(
     else:
         # ~4 s of work per chunk on a 2-core CPU: frequent progress and cheap resume.
         target = 4 * 2e10 * n_dev
-        chunk = int(max(unit, min(4096, target // _cost_per_run(static))))
+        cost = engine.cost_per_run(static) if engine is not None and engine.cost_per_run else \
+            _cost_per_run(static)
+        chunk = int(max(unit, min(4096, target // max(cost, 1.0))))
         chunk = unit * max(1, chunk // unit)
     return min(chunk, max(n_runs, 1)), block
 
@@ -323,7 +329,7 @@ def run_sweep(
         eng = resolve_engine(static)
         nbytes = (eng.bytes_per_run or mspec.bytes_per_run)(static)
         chunk, block = plan_group(static, len(g_runs), nbytes, n_dev, budget, chunk_size,
-                                  block_size)
+                                  block_size, engine=eng)
         plans.append((static, todo, chunk, block))
     bar = _progress(len(runs), len(done), quiet)
     root = jax.random.PRNGKey(runs[0]["root_seed"]) if runs else None

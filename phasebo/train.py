@@ -88,6 +88,10 @@ class EngineSpec:
     supports: Callable[[dict], str | None]
     priority: int = 0
     bytes_per_run: Callable[[Static], int] | None = None
+    # Planning hints for the sweep: flops of one run, and runs to vmap together on one device
+    # of a platform ("cpu", "gpu", "tpu"); None uses the sweep's defaults.
+    cost_per_run: Callable[[Static], float] | None = None
+    block_size: Callable[[Static, str], int] | None = None
 
 
 ENGINES: dict[str, dict[str, EngineSpec]] = {}  # model -> engine name -> spec
