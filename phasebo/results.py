@@ -12,8 +12,8 @@ checks that every run id appears exactly once, and writes ``results.parquet`` / 
 
 from __future__ import annotations
 
-import math
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -55,14 +55,14 @@ def derived_columns(df: pd.DataFrame) -> pd.DataFrame:
 def write_table_atomic(df: pd.DataFrame, path: Path) -> None:
     """Write Parquet through a temporary file and an atomic rename (never a half-written file)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")  # unique across hosts
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
     os.replace(tmp, path)
 
 
 def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     df.to_csv(tmp, index=False)
     os.replace(tmp, path)
 
@@ -113,8 +113,3 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if path.is_dir():
         path = path / "results.parquet"
     return pd.read_parquet(path)
-
-
-def finite_or_nan(x) -> float:
-    x = float(x)
-    return x if math.isfinite(x) else float("nan")

@@ -260,11 +260,38 @@ def _progress(total: int, done: int, quiet: bool):
                 smoothing=0.1)
 
 
-def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool) -> Path:
-    """Create ``out_dir`` with its manifest; refuse a different sweep unless ``overwrite``."""
+def prepare_out_dir(
+    out_dir: Path, spec: SweepSpec, overwrite: bool, process_index: int = 0,
+    wait_timeout: float = 600.0,
+) -> Path:
+    """Create ``out_dir`` with its manifest; refuse a different sweep unless ``overwrite``.
+
+    With several processes, process 0 prepares the directory and the others wait for its
+    manifest (a shared file system is assumed, as on a cluster).
+    """
     out_dir = Path(out_dir)
     manifest = out_dir / "manifest.json"
     h = spec_hash(spec)
+    if process_index > 0:
+        deadline = time.monotonic() + wait_timeout
+        while True:
+            if manifest.exists():
+                try:
+                    old = json.loads(manifest.read_text())
+                except json.JSONDecodeError:
+                    old = {}
+                if old.get("spec_hash") == h and (out_dir / "parts").is_dir():
+                    return out_dir
+                if old.get("spec_hash") not in (None, h) and not overwrite:
+                    raise ConfigError(
+                        f"{out_dir} holds results of a different sweep specification "
+                        f"(hash {old.get('spec_hash')} vs {h}); fix: choose another --out or "
+                        "pass --overwrite to discard them"
+                    )
+            if time.monotonic() > deadline:
+                raise ConfigError(f"process {process_index}: process 0 did not prepare {out_dir} "
+                                  f"within {wait_timeout:.0f} s; is --out on a shared file system?")
+            time.sleep(0.2)
     if manifest.exists():
         old = json.loads(manifest.read_text())
         if old.get("spec_hash") != h:
@@ -281,7 +308,7 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool) -> Path:
     elif overwrite and (out_dir / "parts").exists():
         shutil.rmtree(out_dir / "parts", ignore_errors=True)
     (out_dir / "parts").mkdir(parents=True, exist_ok=True)
-    tmp = manifest.with_name(".manifest.json.tmp")
+    tmp = manifest.with_name(f".manifest.json.tmp-{os.getpid()}")
     tmp.write_text(json.dumps({"spec_hash": h, "name": spec.name, "n_runs": spec.n_runs,
                                "spec": spec.to_dict()}, indent=1, default=repr))
     os.replace(tmp, manifest)
@@ -300,10 +327,18 @@ def run_sweep(
     quiet: bool = False,
     plots: bool = True,
     max_chunks: int | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    wait_timeout: float = 24 * 3600.0,
 ):
     """Run every run of ``spec`` not already in ``out_dir`` and assemble the results.
 
-    Returns the results DataFrame (``None`` if ``max_chunks`` stopped the sweep early).
+    With several processes (``jax.distributed`` initialised, or ``process_index`` /
+    ``process_count`` given) each process runs a fixed contiguous share of every shape group and
+    writes its own parts; process 0 assembles when every run id is present.
+
+    Returns the results DataFrame (``None`` on processes other than 0, or when ``max_chunks``
+    stopped the sweep early).
     """
     import jax.numpy as jnp
 
@@ -312,10 +347,13 @@ def run_sweep(
 
     jax = _jax()
     out_dir = Path(out_dir) if out_dir is not None else Path("results") / spec.name
+    pi = jax.process_index() if process_index is None else process_index
+    pc = jax.process_count() if process_count is None else process_count
     runs = spec.runs()
     if any(r["dtype"] == "float64" for r in runs):
         jax.config.update("jax_enable_x64", True)
-    out_dir = prepare_out_dir(out_dir, spec, overwrite)
+    check_disk(spec, runs, out_dir)
+    out_dir = prepare_out_dir(out_dir, spec, overwrite, pi)
     parts = out_dir / "parts"
     done = done_run_ids(parts)
     n_dev_avail = len(jax.local_devices())
@@ -325,13 +363,15 @@ def run_sweep(
     plans = []
     for static, g_runs in groups:
         mspec = MODELS[static.model]
-        todo = [r for r in g_runs if r["run_id"] not in done]
+        mine = process_share(g_runs, pi, pc)
+        todo = [r for r in mine if r["run_id"] not in done]
         eng = resolve_engine(static)
         nbytes = (eng.bytes_per_run or mspec.bytes_per_run)(static)
         chunk, block = plan_group(static, len(g_runs), nbytes, n_dev, budget, chunk_size,
                                   block_size, engine=eng)
         plans.append((static, todo, chunk, block))
-    bar = _progress(len(runs), len(done), quiet)
+    n_mine = sum(len(process_share(g, pi, pc)) for _, g in groups)
+    bar = _progress(n_mine, n_mine - sum(len(t) for _, t, _, _ in plans), quiet)
     root = jax.random.PRNGKey(runs[0]["root_seed"]) if runs else None
     chunks_run = 0
     t0 = time.perf_counter()
@@ -371,6 +411,13 @@ def run_sweep(
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - t0
+    if pc > 1:
+        if pi != 0:
+            if not quiet:
+                print(f"process {pi}/{pc}: share done; process 0 assembles the results",
+                      file=sys.stderr)
+            return None
+        wait_for_runs(parts, spec.n_runs, wait_timeout, quiet)
     df = assemble(out_dir, spec.n_runs)
     if plots:
         from .plot import sweep_figures
@@ -378,9 +425,55 @@ def run_sweep(
         sweep_figures(df, spec, out_dir)
     if not quiet:
         n_new = sum(len(t) for _, t, _, _ in plans)
+        n_div = int((df["status"] == "diverged").sum())
+        regimes = ", ".join(f"{k} {v}" for k, v in df["regime"].value_counts().items())
         print(f"{spec.name}: {n_new} runs in {elapsed:.1f} s on {n_dev} device(s) "
-              f"({n_new / max(elapsed, 1e-9):.1f} runs/s); results in {out_dir}", file=sys.stderr)
+              f"({n_new / max(elapsed, 1e-9):.1f} runs/s); regimes: {regimes}"
+              + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
+                 if n_div else "") + f"; results in {out_dir}", file=sys.stderr)
     return df
+
+
+def process_share(g_runs: list[dict], pi: int, pc: int) -> list[dict]:
+    """Process ``pi``'s contiguous share of a group: the same on every host, whatever its
+    memory or device count, so no run is done twice or skipped."""
+    if pc <= 1:
+        return g_runs
+    k = len(g_runs)
+    return g_runs[(k * pi) // pc : (k * (pi + 1)) // pc]
+
+
+def wait_for_runs(parts: Path, n_runs: int, timeout: float, quiet: bool) -> None:
+    """Process 0: wait until the other processes' parts hold every run id."""
+    from .results import done_run_ids
+
+    deadline = time.monotonic() + timeout
+    said = False
+    while len(done_run_ids(parts)) < n_runs:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for the other processes' parts in {parts}")
+        if not quiet and not said:
+            print("process 0: waiting for the other processes' parts", file=sys.stderr)
+            said = True
+        time.sleep(1.0)
+
+
+def check_disk(spec: SweepSpec, runs: list[dict], out_dir: Path) -> None:
+    """Refuse a sweep whose recorded dynamics would not fit on disk (before any compute)."""
+    total = 0
+    for r in runs[:: max(spec.seeds, 1)]:
+        n_rec = len(C.record_steps(r["steps"], r["record_every"], r["record_log"]))
+        total += spec.seeds * n_rec * (60 + 4 * r.get("T", 8)) * 8
+    probe = Path(out_dir)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if total > 0.5 * free:
+        raise ConfigError(
+            f"recording dynamics (record_every / record_log) for {spec.n_runs} runs needs about "
+            f"{total / 2**30:.1f} GiB but {free / 2**30:.1f} GiB are free under {probe}; fix: "
+            "record fewer steps (raise record_every, lower record_log) or fewer runs"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,6 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the heatmaps")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
+    g = p.add_argument_group("many hosts (jax.distributed)")
+    g.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize; without the flags below JAX reads the "
+                        "cluster from the environment (SLURM, TPU pods, ...)")
+    g.add_argument("--coordinator", help="coordinator address host:port (process 0's host)")
+    g.add_argument("--num-processes", type=int, help="number of processes")
+    g.add_argument("--process-id", type=int, help="this process's id, 0..num-processes-1")
     return p
 
 
@@ -444,6 +544,13 @@ def main(argv: list[str] | None = None) -> int:
         ncpu = args.cpu_devices or os.cpu_count() or 1
         if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
             jax.config.update("jax_num_cpu_devices", ncpu)
+        if args.distributed:
+            jax.distributed.initialize(
+                coordinator_address=args.coordinator, num_processes=args.num_processes,
+                process_id=args.process_id,
+            )
+        elif any(v is not None for v in (args.coordinator, args.num_processes, args.process_id)):
+            raise ConfigError("--coordinator / --num-processes / --process-id need --distributed")
         from . import train  # noqa: F401  (registers models)
 
         spec = C.load_sweep(args.file, C.parse_set(args.set), args.seeds)

@@ -481,11 +481,16 @@ def run_one(settings: dict | None = None, run_id: int = 0, **kw) -> RunOutput:
     C.MODEL_CHECKS[s["model"]](s)
     spec = MODELS[s["model"]]
     static = C.make_static(s)
-    run = resolve_engine(static).run
     sw = swept_arrays(static, [s], spec)
     sw = {k: v[0] for k, v in sw.items()}
     key = jr.fold_in(jr.PRNGKey(s["root_seed"]), run_id)
-    return jax.jit(lambda sw_, k_: run(static, sw_, k_))(sw, key)
+    if static not in _RUN_ONE:
+        run = resolve_engine(static).run
+        _RUN_ONE[static] = jax.jit(lambda sw_, k_: run(static, sw_, k_))
+    return _RUN_ONE[static](sw, key)
+
+
+_RUN_ONE: dict = {}  # one compiled function per static configuration
 
 
 def swept_arrays(static: Static, runs: list[dict], spec: ModelSpec) -> dict[str, np.ndarray]:

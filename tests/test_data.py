@@ -1,0 +1,87 @@
+"""The Sakamoto token distribution, label noise and the projected test set."""
+
+import jax.random as jr
+import numpy as np
+import pytest
+
+import phasebo
+from phasebo.data import n_flip_per_class, projected_scores, sakamoto_sample, token_roles
+
+
+def sample(n, d, r=0.2, mode="fraction", label_mode="balanced", norm=5.0, rho=0.1, sigma=1.0,
+           seed=0):
+    roles = token_roles(8, 1, 1, 1)
+    sw = {"signal_norm": np.float32(norm), "rho": np.float32(rho), "sigma_eps": np.float32(sigma),
+          "noise_ratio": np.float32(r), "n_flip_per_class": n_flip_per_class(n, r)}
+    b = sakamoto_sample(jr.PRNGKey(seed), n, d, roles, sw, label_mode=label_mode,
+                        label_noise=mode, dtype=np.float32)
+    return {k: (None if v is None else np.asarray(v)) for k, v in b._asdict().items()}
+
+
+def test_flip_counts_follow_the_papers_code():
+    assert n_flip_per_class(20, 0.2) == 2  # k = 4: not 5 from float rounding
+    assert n_flip_per_class(20, 0.15) == 1  # k = 3 -> floor(3/2) = 1 per class
+    assert n_flip_per_class(100, 0.3) == 15
+    assert n_flip_per_class(20, 0.0) == 0
+    b = sample(20, 10)
+    y, yc, fl = b["y"], b["y_clean"], b["flipped"]
+    assert (yc[:10] == 1).all() and (yc[10:] == -1).all()
+    assert fl.sum() == 4 and fl[:10].sum() == 2 and fl[10:].sum() == 2
+    np.testing.assert_array_equal(y, np.where(fl, -yc, yc))
+
+
+def test_bernoulli_flip_rate():
+    b = sample(20000, 3, r=0.3, mode="bernoulli", label_mode="iid")
+    assert abs(b["flipped"].mean() - 0.3) < 4 * np.sqrt(0.3 * 0.7 / 20000)
+    assert abs((b["y_clean"] > 0).mean() - 0.5) < 4 * np.sqrt(0.25 / 20000)
+
+
+def test_token_means_and_noise_covariance():
+    n, d, norm, rho, sigma = 4000, 12, 5.0, 0.3, 1.5
+    b = sample(n, d, norm=norm, rho=rho, sigma=sigma)
+    X, yc = b["X"].astype(np.float64), b["y_clean"]
+    pos = yc > 0
+    se = 5 * sigma / np.sqrt(n / 2)
+    expect = {  # token -> (mean on e1, mean on e2) for the positive class
+        0: (norm, 0), 1: (rho * norm, 0), 2: (0, rho * norm), 3: (0, 0), 7: (0, 0)}
+    for t, (m1, m2) in expect.items():
+        mu = X[pos, t].mean(0)
+        assert abs(mu[0] - m1) < se and abs(mu[1] - m2) < se
+        assert np.all(np.abs(mu[2:]) < se)
+        mu_neg = X[~pos, t].mean(0)  # the negative class mirrors e1 and e2
+        assert abs(mu_neg[1] - m1) < se and abs(mu_neg[0] - m2) < se
+    noise = X.copy()
+    noise[..., :2] -= b["signal"]
+    cov = np.cov(noise.reshape(-1, d).T)
+    np.testing.assert_allclose(np.diag(cov), sigma**2, rtol=0.05)
+    assert np.abs(cov - np.diag(np.diag(cov))).max() < 0.05 * sigma**2
+
+
+def test_projected_scores_match_the_gaussian_law():
+    """(eps.nu, eps.q) drawn by projection has the covariance sigma^2 [[nu.nu, nu.q], [., q.q]]."""
+    rng = np.random.default_rng(0)
+    d = 30
+    q, nu = rng.normal(size=d), rng.normal(size=d)
+    sig = np.zeros((50000, 1, 2), np.float32)
+    lg, hd = projected_scores(jr.PRNGKey(1), sig, q.astype(np.float32), nu.astype(np.float32),
+                              np.float32(2.0))
+    emp = np.cov(np.stack([np.asarray(hd).ravel(), np.asarray(lg).ravel()]))
+    want = 4.0 * np.array([[nu @ nu, nu @ q], [nu @ q, q @ q]])
+    np.testing.assert_allclose(emp, want, rtol=0.04, atol=0.04 * np.abs(want).max())
+
+
+def test_projected_test_set_agrees_with_sampled_tokens():
+    """Same trained runs; test accuracy and loss from d-dimensional test tokens vs projections."""
+    accs = {"projected": [], "sampled": []}
+    losses = {"projected": [], "sampled": []}
+    for run_id in range(3):
+        for mode in accs:
+            f = phasebo.run_one(dict(d=1000, signal_norm=4.0, steps=300, n_test=3000,
+                                     engine="direct", test_mode=mode), run_id=run_id).final
+            accs[mode].append(float(f["test_acc"]))
+            losses[mode].append(float(f["test_loss"]))
+    a, b = np.mean(accs["projected"]), np.mean(accs["sampled"])
+    se = np.sqrt(2 * a * (1 - a) / (3 * 3000))
+    assert a < 0.99  # a setting where the test set matters
+    assert abs(a - b) < 4 * se + 1e-3
+    assert np.mean(losses["projected"]) == pytest.approx(np.mean(losses["sampled"]), rel=0.02)
