@@ -8,3 +8,5 @@ from .train import MODELS as MODELS
 from .train import run_one as run_one
 
 __version__ = "0.1.0"
+from . import encoder as _encoder  # noqa: E402, F401  (registers the encoder)
+from . import magen as _magen  # noqa: E402, F401  (registers single_head, self_attention, ...)
