@@ -10,3 +10,10 @@ from .train import run_one as run_one
 __version__ = "0.1.0"
 from . import encoder as _encoder  # noqa: E402, F401  (registers the encoder)
 from . import magen as _magen  # noqa: E402, F401  (registers single_head, self_attention, ...)
+from .analysis import aggregate as aggregate  # noqa: E402
+from .analysis import export as export  # noqa: E402
+from .analysis import load as load  # noqa: E402
+from .analysis import load_dynamics as load_dynamics  # noqa: E402
+from .analysis import load_samples as load_samples  # noqa: E402
+from .analysis import pivot as pivot  # noqa: E402
+from .analysis import select as select  # noqa: E402

@@ -1,0 +1,147 @@
+"""Every figure function on small real sweeps: a PNG of the right size, labelled axes, and a regime
+map whose colours are the cells' regimes."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_rgba
+from matplotlib.image import imread
+
+import phasebo as pb
+from phasebo import analysis as A
+from phasebo import plot as P
+from phasebo.sweep import run_sweep
+
+BASE = {"n": 12, "n_test": 64, "T": 6, "d": 48, "steps": 40, "lr": 0.05, "record_log": 10}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """One compile group: d fixed, (signal_norm, noise_ratio) swept, 2 seeds, dynamics recorded."""
+    out = tmp_path_factory.mktemp("sweeps") / "grid"
+    spec = pb.spec_from_dict(BASE, {"signal_norm": [1.0, 3.0, 9.0],
+                                    "noise_ratio": [0.1, 0.25, 0.4]}, seeds=2, name="grid")
+    run_sweep(spec, out, quiet=True)
+    return out
+
+
+def _png(fig, path, dpi=60):
+    w, h = fig.get_size_inches()
+    fig.savefig(path, dpi=dpi)
+    P.plt.close(fig)
+    img = imread(path)
+    assert path.stat().st_size > 2000
+    assert img.shape[:2] == (round(h * dpi), round(w * dpi))
+    assert img[..., :3].std() > 0.05  # not blank
+    return img
+
+
+def test_sweep_figures_written_by_the_sweep(sweep):
+    pngs = {p.name for p in sweep.glob("heatmap_*.png")}
+    assert len(pngs) == 4 and "heatmap_regime_noise_ratio_vs_signal_norm.png" in pngs
+
+
+def test_regime_map_colours_are_the_cell_regimes(sweep, tmp_path):
+    runs = pb.load(sweep)
+    fig, ax = P.regime_map(runs, "signal_norm", "noise_ratio",
+                           theory={"r = 0.05 ‖μ‖": lambda mu: 0.05 * mu})
+    fig.canvas.draw()
+    expect = A.pivot(A.aggregate(runs), "signal_norm", "noise_ratio", "regime")
+    mesh = ax.collections[0]
+    codes = np.asarray(mesh.get_array()).reshape(expect.shape)
+    faces = mesh.get_facecolors().reshape(*expect.shape, 4)
+    for i, dval in enumerate(expect.index):
+        for j, mu in enumerate(expect.columns):
+            reg = expect.loc[dval, mu]
+            assert ax.regime_categories[int(codes[i, j])] == reg
+            assert np.allclose(faces[i, j], to_rgba(P.REGIME_COLORS[reg]))
+    assert ax.get_xlabel().startswith("‖μ‖") and ax.get_ylabel() == "noise ratio"
+    assert "2 seeds per cell" in ax.get_title()
+    # the y axis increases upwards, the x axis to the right (origin at the lower left)
+    assert ax.get_ylim()[0] < ax.get_ylim()[1] and ax.get_xlim()[0] < ax.get_xlim()[1]
+    labels = [t.get_text() for t in fig.axes[-1].get_yticklabels()]
+    assert labels[:3] == ["benign", "harmful", "not overfitting"]
+    assert len(ax.get_legend().get_texts()) == 1  # the theory curve
+    _png(fig, tmp_path / "regime.png")
+
+
+def test_regime_map_on_synthetic_cells_log_axes(tmp_path):
+    cells = pd.DataFrame({"n": [10, 100, 1000, 10, 100, 1000], "snr": [0.01] * 3 + [1.0] * 3,
+                          "regime": ["harmful", "harmful", "benign", "benign", "benign",
+                                     "mixed"], "n_seeds": 3, "n_ok": 3, "n_failed": 0})
+    fig, ax = P.regime_map(cells, "n", "snr", theory=P.magen_overlay(c=1.0))
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert ax.regime_categories == ["benign", "harmful", "not_overfitting", "mixed"]
+    codes = np.asarray(ax.collections[0].get_array()).reshape(2, 3)
+    assert codes.tolist() == [[1, 1, 0], [0, 0, 3]]
+    _png(fig, tmp_path / "m7.png")
+
+
+@pytest.mark.parametrize("value", P.MAP_VALUES[1:])
+def test_value_maps(sweep, value, tmp_path):
+    runs = pb.load(sweep)
+    fig, ax = P.value_map(runs, value, "signal_norm", "noise_ratio")
+    assert ax.get_xlabel().startswith("‖μ‖") and ax.get_ylabel() == "noise ratio"
+    assert fig.axes[-1].get_ylabel() == P._label(value)  # the colour bar
+    _png(fig, tmp_path / f"{value}.png")
+
+
+def test_dynamics_figures(sweep, tmp_path):
+    dyn = pb.load_dynamics(sweep)
+    w = {"noise_ratio": 0.25, "signal_norm": 3.0}
+    fig, axes = P.attention_dynamics(dyn, where={**w, "seed": 0})
+    assert [a.get_title() for a in axes] == ["clean sample", "flipped sample"]
+    assert axes[0].get_ylabel() == "softmax probability" and axes[0].get_xlabel() == "step"
+    assert len(axes[0].get_lines()) == 6  # one line per token
+    _png(fig, tmp_path / "attn.png")
+    fig, ax = P.ss_dynamics(dyn, where=w)
+    assert ax.get_ylabel().startswith("s(1 − s)") and "2 runs" in ax.get_title()
+    _png(fig, tmp_path / "ss.png")
+    fig, axes = P.accuracy_dynamics(dyn, where={"noise_ratio": 0.25}, hue=["signal_norm"])
+    assert axes[0].get_xscale() == "symlog" and axes[1].get_ylabel() == "logistic loss"
+    assert len(axes[0].get_lines()) == 6  # train + test for 3 cells
+    _png(fig, tmp_path / "acc.png")
+    fig, axes = P.gap_dynamics(dyn, where=w)
+    assert axes[1].get_ylabel().startswith("g(gap)")
+    _png(fig, tmp_path / "gaps.png")
+
+
+def test_s_ratio_curves(sweep, tmp_path):
+    runs = pb.load(sweep)
+    fig, axes = P.s_ratio_curves(runs)
+    assert axes[0].get_xlabel() == "noise ratio" and axes[0].get_yscale() == "log"
+    assert len(axes[0].get_legend().get_texts()) == 3  # one line per signal norm
+    _png(fig, tmp_path / "s4.png")
+
+
+def test_token_projection_on_constructed_query(tmp_path):
+    if "constructed_query" not in pb.MODELS:
+        pytest.skip("constructed_query is not registered")
+    spec = pb.spec_from_dict({"model": "constructed_query", "d": 300, "n": 20, "n_test": 40,
+                              "test_mode": "sampled", "steps": 0, "signal_norm": 10.0},
+                             {"query_lambda": [0.01, 1.0]}, name="s1")
+    run_sweep(spec, tmp_path / "s1", quiet=True, plots=False)
+    smp = pb.load_samples(tmp_path / "s1")
+    fig, ax = P.token_projection(smp, where={"query_lambda": 1.0})
+    assert ax.get_xlabel().endswith("e₁") and ax.get_ylabel().endswith("e₂")
+    n_points = sum(len(c.get_offsets()) for c in ax.collections[2:])
+    assert n_points >= 60  # 20 train + 40 test (+ flipped outlines)
+    _png(fig, tmp_path / "s1.png")
+
+
+def test_token_projection_synthetic(tmp_path):
+    pts = pd.DataFrame({"x1": [20.0, 0.1, 19.0, 1.0], "x2": [0.2, 20.0, 0.5, 18.0],
+                        "label": [1, -1, 1, -1], "split": ["train", "train", "test", "test"],
+                        "flipped": [True, False, False, False]})
+    fig, ax = P.token_projection(pts)
+    assert ax.get_xlim() == ax.get_ylim()
+    _png(fig, tmp_path / "s1_syn.png")
+
+
+def test_command_line_standard_figures(sweep, tmp_path, capsys):
+    assert P.main([str(sweep), "--out", str(tmp_path), "--max-cells", "1"]) == 0
+    names = {p.name for p in tmp_path.glob("*.png")}
+    assert {"map_regime_noise_ratio_vs_signal_norm.png", "accuracy_dynamics.png",
+            "s_ratio_curves.png"} <= names
+    assert sum(n.startswith("attention_") for n in names) == 1
+    assert P.main([str(tmp_path / "missing")]) == 2
