@@ -9,6 +9,7 @@ from .train import run_one as run_one
 
 __version__ = "0.1.0"
 from . import encoder as _encoder  # noqa: E402, F401  (registers the encoder)
+from . import engines as _engines  # noqa: F401,E402  (registers the gram and reduced engines)
 from . import magen as _magen  # noqa: E402, F401  (registers single_head, self_attention, ...)
 from .analysis import aggregate as aggregate  # noqa: E402
 from .analysis import export as export  # noqa: E402
