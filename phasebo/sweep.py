@@ -543,7 +543,10 @@ def main(argv: list[str] | None = None) -> int:
 
         ncpu = args.cpu_devices or os.cpu_count() or 1
         if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            jax.config.update("jax_num_cpu_devices", ncpu)
+            try:
+                jax.config.update("jax_num_cpu_devices", ncpu)
+            except RuntimeError:  # JAX already started (main() called in-process): keep it
+                pass
         if args.distributed:
             jax.distributed.initialize(
                 coordinator_address=args.coordinator, num_processes=args.num_processes,

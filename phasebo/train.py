@@ -274,13 +274,12 @@ def gd_loop(
         sR = relevant_mass_fn(s)
         ss = sR * (1 - sR)
         cumS = cumS + jnp.stack([jnp.sum(jnp.where(m, ss, 0.0)) for m in masks])
-        finite = jnp.isfinite(loss) & jnp.all(
-            jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)])
-        )
-        div = jnp.where((div < 0) & ~finite, t, div)
         buf = write(buf, t, params, f, s, a)
         updates, opt_state = opt.update(g, opt_state, params)
         params = optax.apply_updates(params, updates)
+        # diverged at t: the loss, a gradient or the updated parameters are not finite
+        finite = jnp.isfinite(loss) & all_finite(g) & all_finite(params)
+        div = jnp.where((div < 0) & ~finite, t, div)
         return (params, opt_state, first_fit, all_fit, cumS, div, buf), None
 
     dtype = batch.y.dtype
@@ -296,6 +295,10 @@ def gd_loop(
     div = jnp.where((div < 0) & ~jnp.isfinite(loss), steps, div)
     buf = write(buf, steps, params, f, s, a)
     return params, (f, s, a), first_fit, all_fit, cumS, div, buf
+
+
+def all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def finish(final: dict, first_fit, all_fit, cumS, div, batch: Batch) -> dict:

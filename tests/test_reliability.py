@@ -1,0 +1,190 @@
+"""Scale and reliability: resume after SIGKILL, determinism across chunks / devices / processes,
+memory budgets, divergence as data, and the specification guard."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from phasebo import sweep as S
+from phasebo.config import ConfigError, load_sweep, spec_from_dict
+from phasebo.results import done_run_ids
+from phasebo.sweep import run_sweep
+from phasebo.train import MODELS
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = """name = "rel"
+seeds = {seeds}
+[settings]
+engine = "direct"
+steps = {steps}
+lr = 0.05
+n_test = 200
+record_every = 25
+[axes]
+d = [48, 80]
+signal_norm = [2.0, 20.0]
+"""
+
+
+def write_sweep(tmp_path, seeds=3, steps=50):
+    f = tmp_path / "rel.toml"
+    f.write_text(SWEEP.format(seeds=seeds, steps=steps))
+    return f
+
+
+def cli(args, env_extra=None, **kw):
+    env = {**os.environ, "MPLBACKEND": "Agg", **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-m", "phasebo.sweep", *map(str, args)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kw)
+
+
+def tables(out):
+    return {k: pd.read_parquet(Path(out) / f"{k}.parquet").sort_values(
+        ["run_id"] + (["step"] if k == "dynamics" else ["sample"] if k == "samples" else []),
+        kind="stable").reset_index(drop=True) for k in ("results", "dynamics", "samples")}
+
+
+def assert_same(a, b, rtol=1e-4):
+    for k in a:
+        x, y = a[k], b[k]
+        assert len(x) == len(y) and list(x.columns) == list(y.columns), k
+        for c in x.columns:
+            if pd.api.types.is_numeric_dtype(x[c]) and not pd.api.types.is_bool_dtype(x[c]):
+                np.testing.assert_allclose(x[c].to_numpy(float), y[c].to_numpy(float), rtol=rtol,
+                                           atol=1e-5, err_msg=f"{k}.{c}")
+            else:
+                assert (x[c].astype(str) == y[c].astype(str)).all(), f"{k}.{c}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted single-process, single-device run of the sweep."""
+    tmp = tmp_path_factory.mktemp("ref")
+    f = write_sweep(tmp, seeds=6, steps=200)
+    run_sweep(load_sweep(f), tmp / "out", n_devices=1, quiet=True, plots=False)
+    return f, tables(tmp / "out")
+
+
+def test_sigkill_then_resume_gives_every_run_once(tmp_path, reference):
+    f, ref = reference
+    out = tmp_path / "out"
+    p = cli([f, "--out", out, "--chunk-size", 2, "--block-size", 1, "--quiet", "--no-plots"])
+    deadline = time.monotonic() + 300
+    while len(list((out / "parts").glob("results-*.parquet"))) < 2:
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.communicate()
+    n_before = len(done_run_ids(out / "parts"))
+    assert 2 <= n_before * 1 < 24 and not (out / "results.parquet").exists()
+    q = cli([f, "--out", out, "--chunk-size", 5, "--quiet", "--no-plots"])
+    _, err = q.communicate(timeout=600)
+    assert q.returncode == 0, err
+    got = tables(out)
+    assert got["results"]["run_id"].tolist() == list(range(24))  # each id once
+    assert_same(got, ref)
+
+
+def test_resume_skips_finished_chunks(tmp_path):
+    spec = load_sweep(write_sweep(tmp_path))
+    out = tmp_path / "out"
+    assert run_sweep(spec, out, chunk_size=4, max_chunks=2, quiet=True, plots=False) is None
+    first = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("results-*.parquet")}
+    assert len(first) == 2
+    df = run_sweep(spec, out, chunk_size=4, quiet=True, plots=False)
+    assert sorted(df["run_id"]) == list(range(spec.n_runs))
+    for name, mtime in first.items():  # finished parts were not recomputed
+        assert (out / "parts" / name).stat().st_mtime_ns == mtime
+
+
+def test_four_simulated_devices_match_one(tmp_path, reference):
+    f, ref = reference
+    out = tmp_path / "out"
+    p = cli([f, "--out", out, "--devices", 4, "--quiet", "--no-plots"],
+            env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    assert_same(tables(out), ref)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one(tmp_path, reference):
+    f, ref = reference
+    out = tmp_path / "out"
+    port = free_port()
+    procs = [cli([f, "--out", out, "--quiet", "--no-plots", "--distributed", "--coordinator",
+                  f"127.0.0.1:{port}", "--num-processes", 2, "--process-id", i, "--cpu-devices",
+                  1]) for i in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    parts = sorted((out / "parts").glob("results-*.parquet"))
+    assert len(parts) >= 2  # each process wrote its own share
+    assert_same(tables(out), ref)
+
+
+def test_small_memory_budget_still_completes(tmp_path):
+    spec = load_sweep(write_sweep(tmp_path, seeds=2))
+    static = S.group_runs(spec.runs())[-1][0]
+    per_run = MODELS["prompt_attention"].bytes_per_run(static)
+    chunk, block = S.plan_group(static, 8, per_run, 1, 2 * per_run)
+    assert block <= 2
+    df = run_sweep(spec, tmp_path / "o", memory_budget=2 * per_run, n_devices=1, quiet=True,
+                   plots=False)
+    assert sorted(df["run_id"]) == list(range(spec.n_runs))
+
+
+def test_single_run_over_budget_is_a_clear_error_before_compiling(tmp_path):
+    spec = spec_from_dict({"d": 100_000, "n": 20, "engine": "direct", "test_mode": "sampled"})
+    S._COMPILED.clear()
+    with pytest.raises(ConfigError, match=r"one run of this group needs about .* GiB.*--memory"):
+        run_sweep(spec, tmp_path / "o", memory_budget=1 << 30, quiet=True, plots=False)
+    assert not S._COMPILED
+    assert not list((tmp_path / "o" / "parts").glob("*.parquet"))
+
+
+def test_diverging_run_is_data_and_leaves_its_chunk_alone(tmp_path):
+    settings = {"engine": "direct", "d": 64, "steps": 50, "signal_norm": 1000.0}
+    spec = spec_from_dict(settings, {"lr": [0.05, 1e38]}, seeds=2)
+    df = run_sweep(spec, tmp_path / "o", chunk_size=4, quiet=True, plots=False)
+    bad = df["lr"] > 1
+    assert (df.loc[bad, "status"] == "diverged").all()
+    assert (df.loc[bad, "regime"] == "diverged").all()
+    assert (df.loc[bad, "diverge_step"] >= 0).all()
+    assert (df.loc[~bad, "status"] == "ok").all() and (df.loc[~bad, "diverge_step"] == -1).all()
+    alone = run_sweep(spec_from_dict({**settings, "lr": 0.05}, seeds=2), tmp_path / "a",
+                      quiet=True, plots=False)
+    # run ids differ (0, 1 in both sweeps are the lr = 0.05 runs): same keys, same numbers
+    np.testing.assert_allclose(df.loc[~bad, "test_loss"], alone["test_loss"], rtol=1e-6)
+
+
+def test_changed_spec_in_the_same_directory_is_refused(tmp_path, capsys):
+    f = write_sweep(tmp_path, seeds=1, steps=10)
+    out = tmp_path / "out"
+    assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    h = json.loads((out / "manifest.json").read_text())["spec_hash"]
+    capsys.readouterr()
+    assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "different sweep specification" in err and "--overwrite" in err
+    assert json.loads((out / "manifest.json").read_text())["spec_hash"] == h
+    assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1",
+                   "--overwrite"]) == 0
+    df = pd.read_parquet(out / "results.parquet")
+    assert (df["lr"] == 0.1).all() and len(df) == 4
