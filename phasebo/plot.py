@@ -3,7 +3,7 @@
 Every function reads tables (:mod:`phasebo.analysis`), draws on new axes (or on ``ax=`` /
 ``axes=`` when given) and returns ``(fig, ax)`` — ``ax`` is an array for multi-panel figures.
 Nothing calls ``plt.show()``; importing this module selects the Agg backend unless a backend was
-already chosen (a notebook keeps its inline backend).
+already chosen (``MPLBACKEND``, pyplot already imported, or a Jupyter kernel's inline backend).
 
 =====================  ============================================  ===========================
 function               what                                          SPEC
@@ -27,13 +27,16 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg", force=False)
+# Agg unless a backend was chosen (MPLBACKEND, a notebook's inline backend, pyplot in use).
+if "MPLBACKEND" not in os.environ and not ({"matplotlib.pyplot", "ipykernel"} & set(sys.modules)):
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
@@ -108,8 +111,9 @@ def _cells(df: pd.DataFrame, where) -> pd.DataFrame:
 def _seed_text(cells: pd.DataFrame) -> str:
     k = cells["n_seeds"].to_numpy()
     f = int(cells["n_failed"].sum()) if "n_failed" in cells.columns else 0
-    s = f"{k.min()} seeds per cell" if k.min() == k.max() else f"{k.min()}–{k.max()} seeds per cell"
-    return s + (f", {f} failed runs left out" if f else "")
+    s = f"{k.min()}" if k.min() == k.max() else f"{k.min()}–{k.max()}"
+    s += " seed per cell" if k.max() == 1 else " seeds per cell"
+    return s + (f", {f} failed run{'s' if f > 1 else ''} left out" if f else "")
 
 
 def _new(ax, figsize=(6.4, 5.0)):
@@ -129,7 +133,7 @@ def _grid_ticks(axis, vals, log):
     """Ticks at the grid values when there are few of them, plain numbers otherwise."""
     if len(vals) <= 10:
         axis.set_major_locator(mticker.FixedLocator(vals))
-        axis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
         axis.set_minor_locator(mticker.NullLocator())
     elif log:
         _plain_log(axis)
@@ -383,7 +387,7 @@ def _hue_groups(d: pd.DataFrame, hue: Sequence[str] | None):
     out = []
     for key, sub in d.groupby(list(hue), sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        out.append((", ".join(f"{_short(h)}={k:g}" if isinstance(k, (int, float, np.number))
+        out.append((", ".join(f"{_short(h)}={k:.4g}" if isinstance(k, (int, float, np.number))
                               else f"{_short(h)}={k}" for h, k in zip(hue, key)), sub))
     return out
 
@@ -541,6 +545,7 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
             ax.fill_between(xv, lo.to_numpy(), hi.to_numpy(), color=c, alpha=0.18, lw=0)
     axes[0].axhline(1.0, color="k", ls=":", lw=1)
     axes[0].set_yscale("log")
+    _plain_log(axes[0].yaxis)
     axes[0].set_ylabel({"s_ratio_min": r"min over classes of $\Sigma\mathfrak{S}$ clean / flipped",
                         "s_ratio_pos": r"$\Sigma\mathfrak{S}$ clean / flipped (class +)",
                         "s_ratio_neg": r"$\Sigma\mathfrak{S}$ clean / flipped (class −)",
