@@ -446,7 +446,9 @@ def _check_prompt_attention(r: dict) -> None:
 
 
 def _derived_sakamoto(r: dict) -> dict:
-    return {"n_flip_per_class": n_flip_per_class(r["n"], r["noise_ratio"])}
+    # "dim": d as a traced value too, for engines whose shapes do not depend on d (reduced): their
+    # program is then the same for every d, and a compilation cache shares it across d groups.
+    return {"n_flip_per_class": n_flip_per_class(r["n"], r["noise_ratio"]), "dim": r["d"]}
 
 
 def _bytes_prompt_attention(static: Static) -> int:

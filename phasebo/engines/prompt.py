@@ -70,7 +70,7 @@ from ..train import (
     train_metrics,
 )
 from .span import flat_gram, span_gd
-from .wishart import bartlett_factor, factor_width, residual_norm
+from .wishart import bartlett_factor, factor_width, n_normals, residual_norm
 
 MODEL = "prompt_attention"
 
@@ -96,24 +96,26 @@ def reduced_sample(key, n: int, d: int, roles, sw: dict, *, label_mode, label_no
     base = sakamoto_sample(key, n, None, roles, sw, label_mode=label_mode,
                            label_noise=label_noise, dtype=dtype)
     k_noise = jr.split(key, 3)[2]
-    k12, k_perp = jr.split(k_noise)
+    k_perp, k_z = jr.split(k_noise)
     sigma = sw["sigma_eps"]
-    e12 = sigma * jr.normal(k12, (n, T, 2), dtype)
-    L = sigma * bartlett_factor(k_perp, N, d - 2, dtype)  # (N, m)
+    z = jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype)  # one draw: e1, e2 and the factor
+    e12 = sigma * z[: 2 * N].reshape(n, T, 2)
+    dim = sw.get("dim", d)  # traced when the sweep passes it: one program for every d
+    L = sigma * bartlett_factor(k_perp, N, d - 2, dtype, z=z[2 * N :], k_traced=dim - 2)  # (N, m)
     X = jnp.concatenate(
         [base.signal + e12, L.reshape(n, T, -1), jnp.zeros((n, T, 1), dtype)], axis=-1
     )
     return base._replace(X=X)
 
 
-def reduced_init(key, d: int, N: int, init: str, init_scale, dtype) -> jax.Array:
+def reduced_init(key, d: int, N: int, init: str, init_scale, dtype, dim=None) -> jax.Array:
     """``p_0`` in the reduced coordinates (see the module docstring)."""
     m = factor_width(N, d - 2)
     if init != "gaussian":
         return jnp.zeros(m + 3, dtype)
     k_p, k_r = jr.split(key)
     inside = jr.normal(k_p, (m + 2,), dtype)
-    rest = residual_norm(k_r, d - 2 - m, dtype)
+    rest = residual_norm(k_r, d - 2 - m, dtype, None if dim is None else dim - 2 - m)
     return init_scale * jnp.concatenate([inside, rest[None]])
 
 
@@ -131,7 +133,7 @@ def _run(static: Static, sw: dict, key: jax.Array, reduced: bool) -> RunOutput:
         batch = reduced_sample(k_data, n, d, roles, sw, label_mode=static.label_mode,
                                label_noise=static.label_noise, dtype=dtype)
         D = batch.X.shape[-1]
-        p0 = reduced_init(k_init, d, n * T, static.init, sw["init_scale"], dtype)
+        p0 = reduced_init(k_init, d, n * T, static.init, sw["init_scale"], dtype, sw.get("dim"))
         nu = sakamoto_head(D, sw["signal_norm"], dtype)
         W = None
     else:

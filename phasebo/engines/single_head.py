@@ -59,7 +59,7 @@ from ..train import (
 )
 from .prompt import _item, _loop_cost, _n_rec
 from .span import flat_gram, span_gd
-from .wishart import bartlett_factor, factor_width
+from .wishart import bartlett_factor, factor_width, n_normals
 
 MODEL = "single_head"
 N_VEC = 2  # p and v
@@ -77,14 +77,15 @@ def _reduced_data(static: Static, sw: dict, key, dtype):
     base = magen_sample(key, n, None, T, sw, label_mode=static.label_mode,
                         label_noise=static.label_noise, noise_mode=mode,
                         signal_noise=static.signal_noise, dtype=dtype)
-    k12, k_perp = jr.split(jr.split(key, 3)[2])
+    k_perp, k_z = jr.split(jr.split(key, 3)[2])
     sigma = sw["sigma_eps"]
     noisy = jnp.asarray(noisy_tokens(T, static.signal_noise))[None, :, None]
-    e12 = sigma * jr.normal(k12, (n, T, 2), dtype)
+    z = jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype)  # one draw: e1, e2 and the factor
+    e12 = sigma * z[: 2 * N].reshape(n, T, 2)
     if mode == "projected":
         e12 = jnp.zeros_like(e12)
     m = factor_width(N, d - 2)
-    L = sigma * bartlett_factor(k_perp, N, d - 2, dtype).reshape(n, T, m)
+    L = sigma * bartlett_factor(k_perp, N, d - 2, dtype, z=z[2 * N :]).reshape(n, T, m)
     r = factor_width(N_VEC, d - 2 - m)
     X = jnp.concatenate(
         [base.signal + jnp.where(noisy, e12, 0.0), jnp.where(noisy, L, 0.0),

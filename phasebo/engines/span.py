@@ -34,6 +34,10 @@ import numpy as np
 from ..data import Batch
 from ..train import group_masks
 
+# Loop iterations per compiled loop trip: the per-step work is small (one N x N product), so the
+# while-loop's own overhead matters on CPU.
+UNROLL = 4
+
 
 def flat_gram(B: jax.Array, C: jax.Array | None = None) -> jax.Array:
     """``B: (n, T, D) -> B B^T: (nT, nT)`` (or ``B C^T``)."""
@@ -54,6 +58,7 @@ def span_gd(
     relevant: np.ndarray,
     K_head: jax.Array | None = None,
     decay: jax.Array | None = None,
+    unroll: int | None = None,
 ):
     """GD on the span coefficients; mirrors :func:`phasebo.train.gd_loop`.
 
@@ -71,9 +76,9 @@ def span_gd(
     train_head = K_head is not None
     slot = np.full(steps + 1, -1, np.int32)
     slot[list(record_at)] = np.arange(len(record_at), dtype=np.int32)
-    masks = jnp.stack(group_masks(batch.y_clean, batch.flipped))  # (4, n)
+    masks = jnp.stack(group_masks(batch.y_clean, batch.flipped)).astype(dtype)  # (4, n)
     y = batch.y
-    rel = jnp.asarray(relevant)
+    rel = [int(t) for t in np.flatnonzero(relevant)]
     same = K_head is K  # one product for both when the head sees the same Gram
 
     def forward(coef):
@@ -93,11 +98,13 @@ def span_gd(
         return a, h, s, f
 
     def grads(h, s, f):
-        m = y * f
-        gf = -y * jax.nn.sigmoid(-m) / n  # dL/df
+        gf = -y * jax.nn.sigmoid(-y * f) / n  # dL/df
         c = gf[:, None] * s * (h - f[:, None])  # dL/da
         ch = gf[:, None] * s if train_head else None  # dL/dh
-        return jnp.mean(jax.nn.softplus(-m)), c, ch
+        return c, ch
+
+    def loss_of(f):
+        return jnp.mean(jax.nn.softplus(-y * f))
 
     coef0 = (jnp.zeros((n, T), dtype), jnp.zeros((n, T), dtype), jnp.ones((), dtype))
     _, _, s0, f0 = jax.eval_shape(forward, coef0)
@@ -127,10 +134,10 @@ def span_gd(
     def step(carry, t):
         coef, first_fit, all_fit, cumS, div, buf = carry
         a, h, s, f = forward(coef)
-        loss, c, ch = grads(h, s, f)
+        c, ch = grads(h, s, f)
         first_fit, all_fit = bookkeeping(t, f, first_fit, all_fit)
-        sR = jnp.sum(jnp.where(rel, s, 0.0), axis=-1)
-        cumS = cumS + jnp.sum(jnp.where(masks, (sR * (1 - sR))[None, :], 0.0), axis=1)
+        sR = sum(s[:, t_] for t_ in rel) if rel else jnp.zeros(n, dtype)
+        cumS = cumS + masks @ (sR * (1 - sR))
         buf = write(buf, t, coef, f, s, a)
         alpha, beta, gamma = coef
         if decay is not None:
@@ -138,20 +145,24 @@ def span_gd(
         alpha = alpha - lr * c
         if train_head:
             beta = beta - lr * ch
-        # diverged at t: the loss, a gradient or the updated coefficients are not finite
-        finite = jnp.isfinite(loss) & jnp.all(jnp.isfinite(c)) & jnp.all(jnp.isfinite(alpha))
+        # diverged at t (as gd_loop: loss, gradient or updated parameters not finite): f finite
+        # makes the loss finite, and from finite coefficients the updated ones are finite iff
+        # the gradients are.
+        finite = jnp.all(jnp.isfinite(f)) & jnp.all(jnp.isfinite(alpha))
         if train_head:
-            finite = finite & jnp.all(jnp.isfinite(ch)) & jnp.all(jnp.isfinite(beta))
+            finite = finite & jnp.all(jnp.isfinite(beta))
         div = jnp.where((div < 0) & ~finite, t, div)
         return ((alpha, beta, gamma), first_fit, all_fit, cumS, div, buf), None
 
     carry = (coef0, jnp.full(n, -1, jnp.int32), jnp.asarray(-1, jnp.int32),
              jnp.zeros(4, dtype), jnp.asarray(-1, jnp.int32), buf)
     if steps:
-        carry, _ = jax.lax.scan(step, carry, jnp.arange(steps, dtype=jnp.int32))
+        u = UNROLL if unroll is None else unroll
+        carry, _ = jax.lax.scan(step, carry, jnp.arange(steps, dtype=jnp.int32),
+                                unroll=max(1, min(u, steps)))
     coef, first_fit, all_fit, cumS, div, buf = carry
     a, h, s, f = forward(coef)
-    loss, _, _ = grads(h, s, f)
+    loss = loss_of(f)
     first_fit, all_fit = bookkeeping(jnp.asarray(steps, jnp.int32), f, first_fit, all_fit)
     div = jnp.where((div < 0) & ~jnp.isfinite(loss), steps, div)
     buf = write(buf, steps, coef, f, s, a)

@@ -24,15 +24,42 @@ def factor_width(N: int, k: int) -> int:
     return min(N, k)
 
 
-def bartlett_factor(key: jax.Array, N: int, k: int, dtype=jnp.float32) -> jax.Array:
-    """``L: (N, min(N, k))`` with ``L L^T ~ Wishart(k, I_N)`` (see the module docstring)."""
-    if k < N:
-        return jr.normal(key, (N, k), dtype)
+def bartlett_from(chi2: jax.Array, z_below: jax.Array) -> jax.Array:
+    """``L: (N, N)`` from ``chi2: (N,)`` (``L_ii^2``) and ``N (N - 1) / 2`` standard normals."""
+    N = chi2.shape[0]
+    i = jnp.arange(N, dtype=jnp.int32)[:, None]
+    j = jnp.arange(N, dtype=jnp.int32)[None, :]
+    idx = jnp.where(i > j, i * (i - 1) // 2 + j + 1, 0)  # row-major order of the strict lower part
+    below = jnp.concatenate([jnp.zeros((1,), z_below.dtype), z_below])[idx]
+    return below + jnp.diag(jnp.sqrt(chi2))
+
+
+def bartlett_chi2(key: jax.Array, N: int, k: int, dtype=jnp.float32) -> jax.Array:
+    """The squared diagonal of the Bartlett factor: ``chi^2_{k - i}``, ``i = 0..N-1`` (k >= N)."""
+    return jr.chisquare(key, (k - jnp.arange(N)).astype(dtype), (N,), dtype)
+
+
+def n_normals(N: int, k: int) -> int:
+    """Standard normals one factor consumes: ``N (N - 1) / 2`` (k >= N) or ``N k``."""
+    return N * (N - 1) // 2 if k >= N else N * k
+
+
+def bartlett_factor(
+    key: jax.Array, N: int, k: int, dtype=jnp.float32, z=None, k_traced=None
+) -> jax.Array:
+    """``L: (N, min(N, k))`` with ``L L^T ~ Wishart(k, I_N)`` (see the module docstring).
+
+    ``z`` (optional): the :func:`n_normals` standard normals to use, so a caller can draw all of
+    its normals in one call (each random call is a sizeable piece of compiled code).
+    ``k_traced`` (optional): ``k`` as an array, so the compiled program does not depend on ``k``
+    beyond ``k >= N``.
+    """
     k_chi, k_norm = jr.split(key)
-    df = (k - jnp.arange(N)).astype(dtype)
-    diag = jnp.sqrt(jr.chisquare(k_chi, df, (N,), dtype))
-    below = jnp.tril(jr.normal(k_norm, (N, N), dtype), -1)
-    return below + jnp.diag(diag)
+    if z is None:
+        z = jr.normal(k_norm, (n_normals(N, k),), dtype)
+    if k < N:
+        return z.reshape(N, k)
+    return bartlett_from(bartlett_chi2(k_chi, N, k if k_traced is None else k_traced, dtype), z)
 
 
 def wishart(key: jax.Array, N: int, k: int, dtype=jnp.float32) -> jax.Array:
@@ -41,8 +68,9 @@ def wishart(key: jax.Array, N: int, k: int, dtype=jnp.float32) -> jax.Array:
     return L @ L.T
 
 
-def residual_norm(key: jax.Array, k: int, dtype=jnp.float32) -> jax.Array:
+def residual_norm(key: jax.Array, k: int, dtype=jnp.float32, k_traced=None) -> jax.Array:
     """``sqrt(chi^2_k)``: the norm of a standard Gaussian vector in ``k`` dimensions (0 if k = 0)."""
     if k <= 0:
         return jnp.zeros((), dtype)
-    return jnp.sqrt(jr.chisquare(key, jnp.asarray(k, dtype), (), dtype))
+    df = jnp.asarray(k if k_traced is None else k_traced).astype(dtype)
+    return jnp.sqrt(jr.chisquare(key, df, (), dtype))
