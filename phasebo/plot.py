@@ -76,18 +76,18 @@ def _label(col: str) -> str:
 
 
 def _auto_log(col: str, vals: np.ndarray) -> bool:
-    """Log scale for a positive axis spanning >= 10x, or a geometric grid of >= 3 values."""
+    """Linear for an evenly spaced grid, log for a geometric one (>= 3 values); otherwise log
+    for a positive axis of :data:`LOG_AXES` spanning at least a factor 10."""
     vals = np.unique(np.asarray(vals, float))
     if len(vals) < 2 or (vals <= 0).any():
         return False
-    span = vals.max() / vals.min()
-    if col in LOG_AXES and span >= 10:
-        return True
     if len(vals) >= 3:
-        r = vals[1:] / vals[:-1]
-        geometric = np.allclose(r, r[0], rtol=0.05) and r[0] > 1.3
-        return bool(geometric)
-    return False
+        step, r = np.diff(vals), vals[1:] / vals[:-1]
+        if np.allclose(step, step[0], rtol=0.02):
+            return False
+        if np.allclose(r, r[0], rtol=0.05) and r[0] > 1.3:
+            return True
+    return bool(col in LOG_AXES and vals.max() / vals.min() >= 10)
 
 
 def _edges(vals: np.ndarray, log: bool) -> np.ndarray:
@@ -211,8 +211,9 @@ def regime_map(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", ax=None,
     fig, ax = _new(ax)
     cmap = ListedColormap([REGIME_COLORS[c] for c in cats])
     norm = BoundaryNorm(np.arange(len(cats) + 1) - 0.5, cmap.N)
+    few = max(len(xs), len(ys)) <= 16  # cell borders only where cells are large
     mesh = ax.pcolormesh(xe, ye, np.ma.masked_invalid(code), cmap=cmap, norm=norm,
-                         edgecolors="white", linewidth=0.3)
+                         edgecolors="white" if few else "face", linewidth=0.3 if few else 0)
     cb = fig.colorbar(mesh, ax=ax, ticks=np.arange(len(cats)))
     cb.ax.set_yticklabels([{"mixed": "mixed\n(no majority)"}.get(c, c.replace("_", " "))
                            for c in cats])
@@ -425,7 +426,10 @@ def accuracy_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, hue: Sequ
         _xstep(ax, logx)
         ax.legend(fontsize=7)
     axes[0].set_title("accuracy (solid train, dashed test)", fontsize=10)
-    axes[1].set_title(f"loss (mean of {_n_runs(d)} runs, band min–max)", fontsize=10)
+    k = sorted({_n_runs(sub) for _, sub in groups})
+    per = f"{k[0]}" if len(k) == 1 else f"{k[0]}–{k[-1]}"
+    axes[1].set_title(f"loss (mean of {per} run{'s' if k[-1] > 1 else ''} per line, band "
+                      "min–max)", fontsize=10)
     return fig, np.asarray(axes)
 
 
@@ -695,47 +699,53 @@ REFERENCE_DIR = Path("results/reference")
 REFERENCE_RUNS = Path("results/reference-runs")
 
 
-def reference_specs(size: str = "small"):
+def reference_specs(size: str = "paper", seeds: int = 2):
     """The sweeps behind ``results/reference/*.png``: the S3 (d, ‖μ‖) map and the S2 dynamics.
 
-    ``small`` (default, a few minutes on 2 CPU cores): S3 on an 8 × 8 log grid, 2 seeds; S2 at the
-    three SPEC settings, 4 seeds. ``paper``: S3 on the paper's 39 × 39 linear grid.
+    ``paper`` (default): S3 on the paper's 39 × 39 grid (``sweeps/sakamoto_heatmap.toml`` when
+    present) with ``seeds`` seeds per cell (the paper had 1); ``small``: S3 on an 8 × 9 log grid.
+    S2: the three SPEC settings, 1000 steps, dynamics every 10 steps and at 30 log-spaced steps,
+    4 seeds.
     """
     from .config import load_sweep, spec_from_dict
 
     heat = Path("sweeps/sakamoto_heatmap.toml")
     if size == "paper" and heat.exists():
-        s3 = load_sweep(heat)
+        s3 = load_sweep(heat, seeds=seeds)
     elif size == "paper":
         s3 = spec_from_dict(
             {"n": 20, "T": 8, "rho": 0.1, "noise_ratio": 0.2, "lr": 5e-3, "steps": 1000,
              "n_test": 1000},
             {"d": {"start": 250, "stop": 5000, "step": 125},
-             "signal_norm": {"start": 5, "stop": 100, "step": 2.5}}, seeds=1, name="ref_s3_paper")
+             "signal_norm": {"start": 5, "stop": 100, "step": 2.5}}, seeds=seeds,
+            name="ref_s3_paper")
     else:
         s3 = spec_from_dict(
             {"n": 20, "T": 8, "rho": 0.1, "noise_ratio": 0.2, "lr": 5e-3, "steps": 1000,
              "n_test": 1000},
             {"d": [250, 400, 630, 1000, 1600, 2500, 4000, 6300],
-             "signal_norm": [2.5, 4, 6.3, 10, 16, 25, 40, 63, 100]}, seeds=2, name="ref_s3")
+             "signal_norm": [2.5, 4, 6.3, 10, 16, 25, 40, 63, 100]}, seeds=seeds, name="ref_s3")
     pts = TH.S2_POINTS
     s2 = []
     for name, p in pts.items():
         s2.append(spec_from_dict(
             {"n": 20, "T": 8, "rho": 0.1, "noise_ratio": 0.2, "lr": 5e-3, "steps": 1000,
-             "n_test": 1000, "d": p["d"], "signal_norm": p["signal_norm"], "record_every": 10},
+             "n_test": 1000, "d": p["d"], "signal_norm": p["signal_norm"], "record_every": 10,
+             "record_log": 30},
             {}, seeds=4, name=f"ref_s2_{name}"))
     return s3, s2
 
 
-def make_reference(size: str = "small", out_dir: Path = REFERENCE_DIR,
-                   runs_dir: Path = REFERENCE_RUNS, quiet: bool = False) -> list[Path]:
+def make_reference(size: str = "paper", out_dir: Path = REFERENCE_DIR,
+                   runs_dir: Path = REFERENCE_RUNS, quiet: bool = False,
+                   seeds: int = 2) -> list[Path]:
     """Run the reference sweeps (resuming finished ones) and draw the reference PNGs."""
     from .sweep import run_sweep
 
-    s3, s2 = reference_specs(size)
+    s3, s2 = reference_specs(size, seeds)
     out_dir, runs_dir = Path(out_dir), Path(runs_dir)
-    df3 = run_sweep(s3, runs_dir / s3.name, quiet=quiet, plots=False)
+    # the reference directories belong to this command: a changed spec replaces their runs
+    df3 = run_sweep(s3, runs_dir / s3.name, quiet=quiet, plots=False, overwrite=True)
     paths = []
     fig, ax = regime_map(df3, theory=default_theory(df3, "signal_norm", "d"))
     ax.set_title(f"S3 prompt attention, n = 20, r = 0.2, 1000 GD steps\n"
@@ -745,7 +755,7 @@ def make_reference(size: str = "small", out_dir: Path = REFERENCE_DIR,
     paths.append(_save(fig, out_dir / "s3_test_loss.png", dpi=90))
     dirs = []
     for s in s2:
-        run_sweep(s, runs_dir / s.name, quiet=quiet, plots=False)
+        run_sweep(s, runs_dir / s.name, quiet=quiet, plots=False, overwrite=True)
         dirs.append(runs_dir / s.name)
     dyn = A.load_dynamics(dirs)
     res = A.load(dirs)
@@ -756,10 +766,9 @@ def make_reference(size: str = "small", out_dir: Path = REFERENCE_DIR,
         r = A.aggregate(A.select(res, {"d": p["d"], "signal_norm": p["signal_norm"]}), by=[])
         tr, te, k = r["train_acc_mean"].iloc[0], r["test_acc_mean"].iloc[0], r["n_seeds"].iloc[0]
         label = name.replace("_", " ")
-        attention_dynamics(dyn, where=w, axes=row,
-                           title=f"{label}: d={p['d']}, ‖μ‖={p['signal_norm']:g}, final "
-                                 f"train {tr:.2f} / test {te:.3f} (mean of {k} seeds)")
-        row[1].set_ylabel("")
+        attention_dynamics(dyn, where=w, axes=row)
+        row[0].set_ylabel(f"{label}: d={p['d']}, ‖μ‖={p['signal_norm']:g}\nfinal train {tr:.2f} "
+                          f"/ test {te:.3f} ({k} seeds)\nsoftmax probability", fontsize=9)
     for ax in axes[:-1].ravel():
         ax.set_xlabel("")
     fig.suptitle("S2: softmax probability per token (seed 0), n = 20, r = 0.2, lr 5e-3",
@@ -779,8 +788,10 @@ def build_parser() -> argparse.ArgumentParser:
                                  "results/reference with --reference)")
     p.add_argument("--reference", action="store_true",
                    help="run the reference sweeps and rebuild results/reference/*.png")
-    p.add_argument("--size", choices=("small", "paper"), default="small",
-                   help="reference sweep size (default small)")
+    p.add_argument("--size", choices=("small", "paper"), default="paper",
+                   help="reference S3 grid: paper (39 x 39, default) or small (8 x 9)")
+    p.add_argument("--seeds", type=int, default=2,
+                   help="seeds per cell of the reference S3 map (default 2)")
     p.add_argument("--max-cells", type=int, default=3,
                    help="draw the dynamics figures of at most this many cells (default 3)")
     p.add_argument("--quiet", action="store_true")
@@ -790,7 +801,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.reference:
-        paths = make_reference(args.size, Path(args.out or REFERENCE_DIR), quiet=args.quiet)
+        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            import jax  # one CPU device per core, as the sweep CLI does
+
+            jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+        paths = make_reference(args.size, Path(args.out or REFERENCE_DIR), quiet=args.quiet,
+                               seeds=args.seeds)
     elif args.results_dir:
         if not Path(args.results_dir).exists():
             print(f"phasebo.plot: error: {args.results_dir} does not exist", file=sys.stderr)

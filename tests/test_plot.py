@@ -145,3 +145,12 @@ def test_command_line_standard_figures(sweep, tmp_path, capsys):
             "s_ratio_curves.png"} <= names
     assert sum(n.startswith("attention_") for n in names) == 1
     assert P.main([str(tmp_path / "missing")]) == 2
+
+
+def test_axis_scale_follows_the_grid():
+    assert not P._auto_log("d", np.arange(250, 5001, 125))  # the paper's linear grid
+    assert P._auto_log("signal_norm", np.array([2.5, 5, 10, 20, 40]))  # geometric
+    assert P._auto_log("n", np.array([10, 20, 50, 500]))  # uneven, spans > 10x
+    assert not P._auto_log("noise_ratio", np.array([0.1, 0.2, 0.4, 0.9]))
+    e = P._edges(np.array([10.0, 100.0, 1000.0]), log=True)
+    assert np.allclose(np.log10(e), [0.5, 1.5, 2.5, 3.5])
