@@ -125,15 +125,20 @@ def _new(ax, figsize=(6.4, 5.0)):
 def _plain_log(axis):
     """Plain numbers (250, 1000, 0.05) instead of powers of ten on a log axis."""
     axis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_formatter(mticker.FuncFormatter(_num))
     axis.set_minor_formatter(mticker.NullFormatter())
+
+
+def _num(v, _=None) -> str:
+    """A tick label: integers in full (4000, not 4e+03), other values to 3 significant digits."""
+    return f"{int(round(v))}" if abs(v - round(v)) < 1e-9 and abs(v) < 1e7 else f"{v:.3g}"
 
 
 def _grid_ticks(axis, vals, log):
     """Ticks at the grid values when there are few of them, plain numbers otherwise."""
     if len(vals) <= 10:
         axis.set_major_locator(mticker.FixedLocator(vals))
-        axis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        axis.set_major_formatter(mticker.FuncFormatter(_num))
         axis.set_minor_locator(mticker.NullLocator())
     elif log:
         _plain_log(axis)
