@@ -117,11 +117,11 @@ def per_run_rate(engine: str, d: int, n_runs: int, steps: int, repeat: int = 1) 
     return n_runs / best
 
 
-def extrapolated(rate_fn, steps_pair=(20, 60)) -> float:
-    """Runs/s at 1000 steps from two shorter measurements (time linear in steps)."""
+def extrapolated(rate_fn, target: int = 1000, steps_pair=(20, 60)) -> float:
+    """Runs/s at ``target`` steps from two shorter measurements (time linear in steps)."""
     s1, s2 = steps_pair
     t1, t2 = 1.0 / rate_fn(s1), 1.0 / rate_fn(s2)
-    return 1.0 / (t1 + (t2 - t1) * (1000 - s1) / (s2 - s1))
+    return 1.0 / (t1 + (t2 - t1) * (target - s1) / (s2 - s1))
 
 
 def numpy_run(d: int, steps: int, seed: int, s=SETTINGS) -> tuple[float, float]:
@@ -200,9 +200,9 @@ def _fmt(x: float, approx: bool = False) -> str:
     return ("~" + s) if approx else s
 
 
-def section_loop(q: bool, repeat: int, out: dict) -> None:
+def section_loop(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
     ds = [1000] if q else [1000, 2000, 5000]
-    steps = 100 if q else 1000
+    steps = steps or (100 if q else 1000)
     n_batch, n_loop, n_np = (8, 2, 1) if q else (64, 8, 2)
     rows = []
     for d in ds:
@@ -220,17 +220,17 @@ def section_loop(q: bool, repeat: int, out: dict) -> None:
     )
 
 
-def section_engines(q: bool, repeat: int, out: dict) -> None:
+def section_engines(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
     ds = [1000, 10_000] if q else [1000, 10_000, 100_000, 1_000_000]
-    steps = 100 if q else 1000
+    steps = steps or (100 if q else 1000)
     rows = []
     for d in ds:
         big = d >= 50_000
         rec = {"d": d}
         # direct, batched and per-run: extrapolated from short runs where d is large
         if big:
-            rec["direct"] = extrapolated(lambda s, d=d: batched_rate("direct", d, 2, s))
-            rec["per_run"] = extrapolated(lambda s, d=d: per_run_rate("direct", d, 1, s))
+            rec["direct"] = extrapolated(lambda s, d=d: batched_rate("direct", d, 2, s), steps)
+            rec["per_run"] = extrapolated(lambda s, d=d: per_run_rate("direct", d, 1, s), steps)
         else:
             n = 4 if q else 16
             rec["direct"] = batched_rate("direct", d, n, steps, repeat=repeat)
@@ -248,13 +248,13 @@ def section_engines(q: bool, repeat: int, out: dict) -> None:
         f"issue 4: runs/s per engine ({steps} steps)",
         ["d", "direct", "per-run", "gram", "reduced", "gram/direct", "reduced/direct",
          "reduced/per-run"], rows,
-        "~ : direct and per-run timed at 20 and 60 steps and extrapolated to 1000 steps",
+        f"~ : direct and per-run timed at 20 and 60 steps and extrapolated to {steps} steps",
     )
 
 
-def section_blocks(q: bool, repeat: int, out: dict) -> None:
+def section_blocks(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
     blocks = [1, 4] if q else [1, 2, 4, 8, 16, 32]
-    steps = 100 if q else 1000
+    steps = steps or (100 if q else 1000)
     rows = []
     for engine, ds, n in (("direct", [1000, 2000], 8 if q else 64),
                           ("reduced", [2000], 64 if q else 512)):
@@ -268,7 +268,7 @@ def section_blocks(q: bool, repeat: int, out: dict) -> None:
                  ["engine", "d"] + [f"b={b}" for b in blocks] + ["best"], rows)
 
 
-def section_precision(q: bool, out: dict) -> None:
+def section_precision(q: bool, out: dict, steps: int | None = None) -> None:
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -282,7 +282,7 @@ def section_precision(q: bool, out: dict) -> None:
 
     ds = [1000, 1_000_000] if q else [1000, 10_000, 100_000, 1_000_000]
     seeds = 4 if q else 16
-    steps = 200 if q else 1000
+    steps = steps or (200 if q else 1000)
     n, T = SETTINGS["n"], SETTINGS["T"]
     roles = np.array([0, 1, 2] + [3] * (T - 3))
     rows = []
@@ -372,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heatmap", action="store_true",
                    help="add the timing of the full sweeps/sakamoto_heatmap.toml")
     p.add_argument("--heatmap-seeds", type=int, default=100, help="seeds per heatmap cell")
-    p.add_argument("--repeat", type=int, default=2, help="best of this many timings")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="timed runs per figure: one warm-up, then the best of the rest")
+    p.add_argument("--steps", type=int, help="GD steps per run (default: 1000, quick: 100)")
     p.add_argument("--json", help="also write the measurements to this JSON file")
     p.add_argument("--cpu-devices", type=int, help="split the CPU into this many devices "
                                                    "(default: one per core, as the sweep)")
@@ -394,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     if args.precision and "precision" not in sections:
         sections.append("precision")
+    if args.steps is not None and args.steps < 1:
+        print(f"phasebo.bench: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
+        return 2
     if args.heatmap and "heatmap" not in sections:
         sections.append("heatmap")
     known = {"loop", "engines", "blocks", "precision", "heatmap"}
@@ -407,20 +412,20 @@ def main(argv: list[str] | None = None) -> int:
           f"jax {jax.__version__}{', quick' if args.quick else ''}")
     out: dict = {"devices": len(devs), "platform": devs[0].platform, "quick": args.quick}
     t0 = time.perf_counter()
-    repeat = 1 if args.quick else args.repeat
+    repeat = args.repeat
     # precision turns on float64: run it after the float32 timings
     order = [s for s in ("loop", "engines", "blocks", "heatmap", "precision") if s in sections]
     for s in order:
         if s == "loop":
-            section_loop(args.quick, repeat, out)
+            section_loop(args.quick, repeat, out, args.steps)
         elif s == "engines":
-            section_engines(args.quick, repeat, out)
+            section_engines(args.quick, repeat, out, args.steps)
         elif s == "blocks":
-            section_blocks(args.quick, repeat, out)
+            section_blocks(args.quick, repeat, out, args.steps)
         elif s == "heatmap":
             section_heatmap(args.heatmap_seeds if not args.quick else 1, out)
         elif s == "precision":
-            section_precision(args.quick, out)
+            section_precision(args.quick, out, args.steps)
     out["total_s"] = time.perf_counter() - t0
     print(f"\nphasebo.bench: done in {out['total_s']:.0f} s")
     if args.json:

@@ -1,0 +1,30 @@
+"""Smoke test of ``python -m phasebo.bench`` (timings are printed, never asserted)."""
+
+import json
+
+import numpy as np
+
+from phasebo import bench
+
+
+def test_numpy_reference_is_the_same_model():
+    # the benign setting of SPEC S2 (d 2000, ||mu|| 20): fits every label by step 400, generalises
+    train_acc, test_acc = bench.numpy_run(d=2000, steps=400, seed=1)
+    assert train_acc == 1.0 and test_acc >= 0.95
+
+
+def test_bench_quick_loop_section_runs_and_reports(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--quick", "--sections", "loop", "--steps", "5", "--repeat", "1",
+                     "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "batched/per-run" in text and "batched/numpy" in text
+    rec = json.loads(out.read_text())["loop"][0]
+    assert rec["d"] == 1000 and rec["steps"] == 5
+    assert all(np.isfinite(rec[k]) and rec[k] > 0 for k in ("batched", "per_run", "numpy"))
+
+
+def test_bench_rejects_an_unknown_section(capsys):
+    assert bench.main(["--sections", "nope"]) == 2
+    assert "unknown section" in capsys.readouterr().err
