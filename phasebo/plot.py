@@ -58,7 +58,7 @@ LABELS = {
     "snr": "SNR", "n_snr2": "n·SNR²", "noise_ratio": "noise ratio", "lr": "step size",
     "step": "step", "test_acc": "test accuracy", "train_acc": "train accuracy",
     "test_loss": "test loss", "train_loss": "train loss",
-    "frac_noisy_fitted": "fraction of flipped samples fitted",
+    "frac_noisy_fitted": "fraction of flipped samples fitted (at some step)",
     "noisy_fit_step": "step all flipped samples fitted", "T": "T (tokens)",
 }
 LOG_AXES = {"d", "n", "snr", "n_snr2", "lr", "n_test", "signal_norm"}
@@ -669,6 +669,17 @@ def standard_figures(results_dir, out_dir=None, max_runs: int = 3) -> list[Path]
     if "noise_ratio" in axes and "cumS_clean_pos" in runs.columns:
         fig, _ = s_ratio_curves(runs)
         paths.append(_save(fig, out / "s_ratio_curves.png"))
+    smp_path = results_dir / "samples.parquet"
+    if smp_path.exists() and "sel_e1" in pd.read_parquet(smp_path).columns:  # S1 sweeps
+        smp = A.load_samples(results_dir)
+        keys = [k for k in ("source", "run_id") if k in smp.columns]
+        for row in smp[keys].drop_duplicates().head(max_runs).itertuples(index=False):
+            one = smp[(smp[keys] == pd.Series(row._asdict())).all(axis=1)]
+            r = runs[(runs["run_id"] == one["run_id"].iloc[0])].iloc[0]
+            title = (", ".join(f"{_short(a)}={r[a]:.4g}" for a in axes) + " — " if axes else "") \
+                + f"train {r['train_acc']:.2f} / test {r['test_acc']:.2f}"
+            fig, _ = token_projection(one, title=title)
+            paths.append(_save(fig, out / f"token_projection_run{int(r['run_id'])}.png"))
     if (results_dir / "dynamics.parquet").exists():
         dyn = A.load_dynamics(results_dir)
         cell_keys = [a for a in axes]

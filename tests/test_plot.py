@@ -127,6 +127,8 @@ def test_token_projection_on_constructed_query(tmp_path):
     n_points = sum(len(c.get_offsets()) for c in ax.collections[2:])
     assert n_points >= 60  # 20 train + 40 test (+ flipped outlines)
     _png(fig, tmp_path / "s1.png")
+    assert P.main([str(tmp_path / "s1"), "--out", str(tmp_path / "figs")]) == 0
+    assert len(list((tmp_path / "figs").glob("token_projection_run*.png"))) == 2
 
 
 def test_token_projection_synthetic(tmp_path):
