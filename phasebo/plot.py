@@ -699,10 +699,8 @@ def standard_figures(results_dir, out_dir=None, max_runs: int = 3) -> list[Path]
                 fig, _ = ss_dynamics(sub)
                 paths.append(_save(fig, out / f"ss_{tag}.png"))
         hue = axes[:2] if axes else None
-        fig, _ = accuracy_dynamics(A.select(dyn, wheres[0]) if len(wheres) == 1 else
-                                   dyn[dyn.set_index(cell_keys).index.isin(
-                                       [tuple(w.values()) for w in wheres])],
-                                   hue=hue)
+        sel = dyn.merge(cells, on=cell_keys, how="inner") if cell_keys else dyn
+        fig, _ = accuracy_dynamics(sel, hue=hue)
         paths.append(_save(fig, out / "accuracy_dynamics.png"))
     return paths
 
