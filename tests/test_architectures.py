@@ -12,6 +12,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.special import erf
 
@@ -205,14 +206,33 @@ def test_settings_and_checks():
         phasebo.spec_from_dict({"model": "single_head", "T": 1})
 
 
-SWEEPS = sorted((Path(__file__).parent.parent / "sweeps").glob("*.toml"))
-MINE = [p for p in SWEEPS if p.stem.startswith(("magen_", "sakamoto_"))]
+SWEEP_DIR = Path(__file__).parent.parent / "sweeps"
+MINE = [SWEEP_DIR / f"{name}.toml" for name in (
+    "magen_two_step", "magen_step_sizes", "magen_vary_d", "magen_self_attention",
+    "magen_multi_token", "magen_snr_n_heatmap", "magen_gaussian_init", "magen_multi_layer",
+    "magen_weight_decay", "sakamoto_encoder", "sakamoto_fig1",
+)]
 
 
 @pytest.mark.parametrize("path", MINE, ids=[p.stem for p in MINE])
 def test_sweep_files_validate(path):
     spec = C.load_sweep(path)
     assert spec.n_runs >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", MINE, ids=[p.stem for p in MINE])
+def test_sweep_files_run_small(path, tmp_path):
+    """Each sweep file through the CLI at toy sizes (one seed, d 64, 3 steps)."""
+    from phasebo.sweep import main
+
+    small = ["d=64", "n=20", "n_test=50", "steps=3", "mlp_width=16"]
+    args = [str(path), "--out", str(tmp_path / "o"), "--seeds", "1", "--quiet", "--no-plots"]
+    for item in small:
+        args += ["--set", item]
+    assert main(args) == 0
+    df = pd.read_parquet(tmp_path / "o" / "results.parquet")
+    assert (df.status == "ok").all() and df.test_acc.notna().all()
 
 
 def test_encoder_trains_and_reports_attention():
