@@ -32,6 +32,11 @@ The test set only needs each fresh token's projections on ``nu`` and ``q``
 ``||q_perp||^2 = alpha^T G_perp alpha`` (+ the residual of ``p_0``), which is the squared norm of the
 reduced vector's complement coordinates. ``n_test = 10^5`` costs ``O(n_test T)``.
 
+**Cost.** No array has a dimension of size ``d`` (tested on the lowered program). ``d`` enters
+only as the chi-square degrees of freedom, read from the traced ``sw["dim"]`` when the sweep
+provides it, so for ``d >= nT + 3`` the compiled program is the same for every ``d`` and a
+compilation cache (``JAX_COMPILATION_CACHE_DIR``) compiles a whole ``d`` axis once.
+
 Labels and label flips are drawn with the same keys as the direct engine, so a reduced run has
 the direct run's labels; only the noise differs (same distribution, not the same draw).
 
