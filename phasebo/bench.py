@@ -8,8 +8,8 @@ default settings of SPEC S2 (``||mu|| = 20``), timed after compilation (AOT-comp
    time through a jitted per-run function vs a plain NumPy implementation, d in {1000, 2000, 5000}.
 2. **engines** (issue 4): runs/s of the direct, gram and reduced engines for d = 10^3 .. 10^6, and
    their ratio to the direct engine and to the per-run loop. Where a direct or per-run measurement
-   would take minutes (large d) it is timed at two shorter step counts and extrapolated linearly
-   to 1000 steps (marked ``~``).
+   would take minutes (d >= 10^5) it is timed at two shorter step counts and extrapolated
+   linearly to 1000 steps (marked ``~``).
 3. **blocks**: runs/s of the direct engine (and the reduced one) for vmapped block sizes
    1, 2, 4, ... on this machine: the best is what ``plan_group`` / ``EngineSpec.block_size`` use.
 4. **precision** (``--precision``): the reduced engine in float32 vs float64 on identical data
@@ -17,9 +17,14 @@ default settings of SPEC S2 (``||mu|| = 20``), timed after compilation (AOT-comp
 5. **heatmap** (``--heatmap``): wall time of ``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml``
    (39 x 39 grid x ``--heatmap-seeds`` seeds), run in a subprocess with a fresh compilation cache.
 
-``--quick`` shrinks every section (about a minute); the default run takes about 10-15 minutes on
-a quiet 2-core CPU (``--heatmap`` adds the sweep's own time). Timings on a shared machine are noisy:
-each figure is the best of ``--repeat`` runs.
+``--quick`` shrinks every section (a few minutes, mostly compilation). Measured on the shared
+2-core CPU: ``--precision`` with the default sections took 552 s and 623 s; ``--heatmap`` adds the
+sweep's own time (232 s at 100 seeds). The whole record in one command (about 13-15 minutes)::
+
+    python -m phasebo.bench --precision --heatmap --json bench.json
+
+Timings on a shared machine are noisy: each figure is one warm-up run, then the best of
+``--repeat - 1`` timed runs.
 """
 
 from __future__ import annotations
@@ -118,9 +123,14 @@ def per_run_rate(engine: str, d: int, n_runs: int, steps: int, repeat: int = 1) 
 
 
 def extrapolated(rate_fn, target: int = 1000, steps_pair=(20, 60)) -> float:
-    """Runs/s at ``target`` steps from two shorter measurements (time linear in steps)."""
+    """Runs/s at ``target`` steps from two shorter measurements (time linear in steps).
+
+    When noise makes the longer run look no slower, falls back to scaling the longer run's time
+    by ``target / s2`` (which overstates the time of the fixed part: a conservative rate)."""
     s1, s2 = steps_pair
     t1, t2 = 1.0 / rate_fn(s1), 1.0 / rate_fn(s2)
+    if t2 <= t1:
+        return 1.0 / (t2 * target / s2)
     return 1.0 / (t1 + (t2 - t1) * (target - s1) / (s2 - s1))
 
 
@@ -229,8 +239,11 @@ def section_engines(q: bool, repeat: int, out: dict, steps: int | None = None) -
         rec = {"d": d}
         # direct, batched and per-run: extrapolated from short runs where d is large
         if big:
-            rec["direct"] = extrapolated(lambda s, d=d: batched_rate("direct", d, 2, s), steps)
-            rec["per_run"] = extrapolated(lambda s, d=d: per_run_rate("direct", d, 1, s), steps)
+            pair = (50, 150) if d <= 200_000 else (20, 60)
+            rec["direct"] = extrapolated(
+                lambda s, d=d: batched_rate("direct", d, 2, s, repeat=repeat), steps, pair)
+            rec["per_run"] = extrapolated(
+                lambda s, d=d: per_run_rate("direct", d, 1, s, repeat=repeat), steps, pair)
         else:
             n = 4 if q else 16
             rec["direct"] = batched_rate("direct", d, n, steps, repeat=repeat)
@@ -248,7 +261,8 @@ def section_engines(q: bool, repeat: int, out: dict, steps: int | None = None) -
         f"issue 4: runs/s per engine ({steps} steps)",
         ["d", "direct", "per-run", "gram", "reduced", "gram/direct", "reduced/direct",
          "reduced/per-run"], rows,
-        f"~ : direct and per-run timed at 20 and 60 steps and extrapolated to {steps} steps",
+        f"~ : direct and per-run timed at 50 and 150 steps (d = 1e5) or 20 and 60 steps (d = 1e6) "
+        f"and extrapolated linearly to {steps} steps",
     )
 
 

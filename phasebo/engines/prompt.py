@@ -294,7 +294,9 @@ def cost_reduced(static: Static) -> float:
 def block_reduced(static: Static, platform: str) -> int:
     if platform != "cpu":
         return 1024
-    return 8  # measured with phasebo.bench --blocks (see docs/engines.md)
+    # measured (python -m phasebo.bench, blocks section, d = 2000, 2 cores): 4 was best in two
+    # runs (1082 / 536 runs/s vs 1063 / 504 at 8, 880 / 409 at 1, 768 / 333 at 32)
+    return 4
 
 
 def block_gram(static: Static, platform: str) -> int:

@@ -236,5 +236,5 @@ register_engine(EngineSpec(
 ))
 register_engine(EngineSpec(
     "reduced", MODEL, run_reduced, supports_reduced, priority=20, bytes_per_run=bytes_reduced,
-    cost_per_run=cost_reduced, block_size=lambda s, p: 8 if p == "cpu" else 1024,
+    cost_per_run=cost_reduced, block_size=lambda s, p: 4 if p == "cpu" else 1024,
 ))
