@@ -21,6 +21,7 @@ from phasebo.sweep import run_sweep
 from phasebo.train import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
+# The same static settings as tests/test_sweep.py: the compiled programs are shared.
 SWEEP = """name = "rel"
 seeds = {seeds}
 [settings]
@@ -28,14 +29,14 @@ engine = "direct"
 steps = {steps}
 lr = 0.05
 n_test = 200
-record_every = 25
+record_every = 20
 [axes]
-d = [48, 80]
-signal_norm = [2.0, 20.0]
+d = [40, 64]
+signal_norm = [3.0, 30.0]
 """
 
 
-def write_sweep(tmp_path, seeds=3, steps=50):
+def write_sweep(tmp_path, seeds=3, steps=60):
     f = tmp_path / "rel.toml"
     f.write_text(SWEEP.format(seeds=seeds, steps=steps))
     return f
@@ -70,7 +71,7 @@ def assert_same(a, b, rtol=1e-4):
 def reference(tmp_path_factory):
     """The uninterrupted single-process, single-device run of the sweep."""
     tmp = tmp_path_factory.mktemp("ref")
-    f = write_sweep(tmp, seeds=6, steps=200)
+    f = write_sweep(tmp, seeds=6)
     run_sweep(load_sweep(f), tmp / "out", n_devices=1, quiet=True, plots=False)
     return f, tables(tmp / "out")
 
@@ -175,7 +176,7 @@ def test_diverging_run_is_data_and_leaves_its_chunk_alone(tmp_path):
 
 
 def test_changed_spec_in_the_same_directory_is_refused(tmp_path, capsys):
-    f = write_sweep(tmp_path, seeds=1, steps=10)
+    f = write_sweep(tmp_path, seeds=1)
     out = tmp_path / "out"
     assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots"]) == 0
     h = json.loads((out / "manifest.json").read_text())["spec_hash"]
