@@ -43,6 +43,7 @@ from .train import (
     register_model,
     relevant_mass,
     tracked_samples,
+    tracked_token_metrics,
     train_metrics,
 )
 
@@ -148,9 +149,7 @@ def run_encoder(static: Static, sw: dict, key: jax.Array) -> RunOutput:
 
     def record_fn(m, f, s, a):
         out = metrics(m, f, s, a)
-        for t in range(T):
-            out[f"attn_clean_t{t}"] = s[i_clean, t]
-            out[f"attn_noisy_t{t}"] = s[i_noisy, t]
+        out.update(tracked_token_metrics(s, a, i_clean, i_noisy, logits=False))
         return out
 
     opt = rules.make_optimizer(static, sw)

@@ -205,6 +205,18 @@ def tracked_samples(batch: Batch) -> tuple[jax.Array, jax.Array]:
     return jnp.argmax(~batch.flipped), jnp.argmax(batch.flipped)
 
 
+def tracked_token_metrics(s, a, i_clean, i_noisy, logits: bool = True) -> dict:
+    """Softmax weight (and logit) of every token of the tracked clean and flipped samples."""
+    out = {}
+    for t in range(s.shape[-1]):
+        out[f"attn_clean_t{t}"] = s[i_clean, t]
+        out[f"attn_noisy_t{t}"] = s[i_noisy, t]
+        if logits:
+            out[f"logit_clean_t{t}"] = a[i_clean, t]
+            out[f"logit_noisy_t{t}"] = a[i_noisy, t]
+    return out
+
+
 def query_metrics(q: jax.Array, p: jax.Array) -> dict:
     pn = jnp.linalg.norm(p)
     safe = jnp.where(pn > 0, pn, 1.0)
@@ -353,7 +365,7 @@ def run_prompt_attention(static: Static, sw: dict, key: jax.Array) -> RunOutput:
     n_flip_per_class``.
     """
     dtype = dtype_of(static)
-    d, n, T = static.d, static.n, static.T
+    d, n = static.d, static.n
     roles = _sakamoto_roles(static)
     k_data, k_test, k_init = jr.split(key, 3)
     batch = sakamoto_sample(
@@ -399,11 +411,7 @@ def run_prompt_attention(static: Static, sw: dict, key: jax.Array) -> RunOutput:
         out = train_metrics(f, s, a, batch, roles)
         out.update(evaluate_test(m))
         out.update(query_metrics(m.query(), m.p))
-        for t in range(T):
-            out[f"attn_clean_t{t}"] = s[i_clean, t]
-            out[f"attn_noisy_t{t}"] = s[i_noisy, t]
-            out[f"logit_clean_t{t}"] = a[i_clean, t]
-            out[f"logit_noisy_t{t}"] = a[i_noisy, t]
+        out.update(tracked_token_metrics(s, a, i_clean, i_noisy))
         return out
 
     record_at = C.record_steps(static.steps, static.record_every, static.record_log)

@@ -72,6 +72,7 @@ from ..train import (
     register_engine,
     test_metrics,
     tracked_samples,
+    tracked_token_metrics,
     train_metrics,
 )
 from .span import flat_gram, span_gd
@@ -183,11 +184,7 @@ def _run(static: Static, sw: dict, key: jax.Array, reduced: bool) -> RunOutput:
 
     def record_fn(coef, f, s, a):
         out = metrics(coef, f, s, a)
-        for t in range(T):
-            out[f"attn_clean_t{t}"] = s[i_clean, t]
-            out[f"attn_noisy_t{t}"] = s[i_noisy, t]
-            out[f"logit_clean_t{t}"] = a[i_clean, t]
-            out[f"logit_noisy_t{t}"] = a[i_noisy, t]
+        out.update(tracked_token_metrics(s, a, i_clean, i_noisy))
         return out
 
     record_at = C.record_steps(static.steps, static.record_every, static.record_log)

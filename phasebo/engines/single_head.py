@@ -55,6 +55,7 @@ from ..train import (
     finish,
     register_engine,
     tracked_samples,
+    tracked_token_metrics,
     train_metrics,
 )
 from .prompt import _item, _loop_cost, _n_rec
@@ -161,9 +162,7 @@ def _run(static: Static, sw: dict, key: jax.Array, reduced: bool) -> RunOutput:
 
     def record_fn(coef, f, s, a):
         out = metrics(coef, f, s, a)
-        for t in range(T):
-            out[f"attn_clean_t{t}"] = s[i_clean, t]
-            out[f"attn_noisy_t{t}"] = s[i_noisy, t]
+        out.update(tracked_token_metrics(s, a, i_clean, i_noisy, logits=False))
         return out
 
     record_at = C.record_steps(static.steps, static.record_every, static.record_log)
