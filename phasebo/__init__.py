@@ -24,9 +24,18 @@ from .config import ConfigError as ConfigError
 from .config import load_sweep as load_sweep
 from .config import spec_from_dict as spec_from_dict
 from .results import load_results as load_results
-from .sweep import run_sweep as run_sweep
 from .train import ENGINES as ENGINES
 from .train import MODELS as MODELS
 from .train import run_one as run_one
 
 __version__ = "0.1.0"
+
+
+def run_sweep(spec, out_dir=None, **kwargs):
+    """Run a sweep and return its results table; see :func:`phasebo.sweep.run_sweep`.
+
+    (Imported lazily, so that ``python -m phasebo.sweep`` does not import its module twice.)
+    """
+    from .sweep import run_sweep as _run_sweep
+
+    return _run_sweep(spec, out_dir, **kwargs)

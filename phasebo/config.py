@@ -21,6 +21,12 @@ times the seeds::
     d = [500, 1000, 2000]
     signal_norm = { start = 5, stop = 50, step = 5 }       # stop inclusive
     lr = { start = 1e-3, stop = 1e-1, num = 5, log = true }
+    [[cases]]                   # optional: settings that vary *together* (not a product);
+    d = 5000                    # the grid is cases x axes x seeds
+    signal_norm = 5.0
+    [[cases]]
+    d = 2000
+    signal_norm = 20.0
     [regime]                    # thresholds of the benign / harmful / not_overfitting labels
     test_eps = 0.05
     [plot]                      # heatmaps drawn after the sweep (optional)
@@ -155,7 +161,7 @@ _S("train_acc_fit", 1.0, float, "host", "regime: train accuracy that counts as f
 # model name -> function(settings dict) raising ConfigError for a setting the model cannot take
 MODEL_CHECKS: dict[str, Callable[[dict], None]] = {}
 
-TOP_LEVEL_KEYS = ("name", "description", "seeds", "settings", "axes", "regime", "plot")
+TOP_LEVEL_KEYS = ("name", "description", "seeds", "settings", "axes", "cases", "regime", "plot")
 
 
 def _suggest(name: str, known: Iterable[str]) -> str:
@@ -300,33 +306,40 @@ class SweepSpec:
     seeds: int
     plot: dict = dataclasses.field(default_factory=dict)
     description: str = ""
+    cases: tuple = ({},)  # settings that vary together; the grid is cases x axes x seeds
 
     def runs(self) -> list[dict[str, Any]]:
         """The grid: one dict of *all* settings per run, with ``run_id`` and ``seed``.
 
-        Order: axes in file order (first axis slowest), seeds fastest. ``run_id`` is the position.
+        Order: cases (slowest), then axes in file order, seeds fastest. ``run_id`` is the
+        position.
         """
         base = {name: s.default for name, s in SETTINGS.items()}
         base.update(self.fixed)
         names = list(self.axes)
         out = []
         run_id = 0
-        for combo in itertools.product(*(self.axes[a] for a in names)):
-            for seed in range(self.seeds):
-                r = dict(base)
-                r.update(zip(names, combo))
-                r["seed"] = seed
-                r["run_id"] = run_id
-                run_id += 1
-                out.append(r)
+        for case in self.cases:
+            for combo in itertools.product(*(self.axes[a] for a in names)):
+                for seed in range(self.seeds):
+                    r = dict(base)
+                    r.update(case)
+                    r.update(zip(names, combo))
+                    r["seed"] = seed
+                    r["run_id"] = run_id
+                    run_id += 1
+                    out.append(r)
         return out
 
     @property
     def n_runs(self) -> int:
-        return self.seeds * math.prod(len(v) for v in self.axes.values())
+        return len(self.cases) * self.seeds * math.prod(len(v) for v in self.axes.values())
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "fixed": self.fixed, "axes": self.axes, "seeds": self.seeds}
+        d = {"name": self.name, "fixed": self.fixed, "axes": self.axes, "seeds": self.seeds}
+        if self.cases != ({},):
+            d["cases"] = list(self.cases)
+        return d
 
 
 def _validate_run(r: dict) -> None:
@@ -387,6 +400,25 @@ def build_spec(
             raise ConfigError(f"{where}[{section}] must be a table of setting = value")
         for k, v in block.items():
             add(k, v, section, force_axis=(section == "axes"))
+    cases_raw = raw.get("cases", [{}])
+    if not isinstance(cases_raw, list) or not cases_raw or \
+            not all(isinstance(c, Mapping) for c in cases_raw):
+        raise ConfigError(f"{where}cases must be a non-empty list of tables ([[cases]] blocks)")
+    cases: list[dict] = []
+    for i, c in enumerate(cases_raw):
+        w = f"{where}[[cases]] #{i + 1} "
+        case = {}
+        for k, v in c.items():
+            if k not in SETTINGS:
+                raise ConfigError(f"{w}unknown setting {k!r}{_suggest(k, SETTINGS)}; known "
+                                  f"settings: {_known_list()}")
+            if k in axes:
+                raise ConfigError(f"{w}{k!r} is also an axis; set it either per case or as an axis")
+            if _axis_values(k, v, w) is not None:
+                raise ConfigError(f"{w}{k} = {v!r}: a case holds single values; use [axes] for lists")
+            case[k] = coerce(k, v, w)
+            fixed.pop(k, None)
+        cases.append(case)
     regime = raw.get("regime", {})
     for k, v in regime.items():
         if k not in ("test_eps", "train_acc_fit"):
@@ -397,6 +429,8 @@ def build_spec(
         add(k, v, "regime")
     for k, v in (overrides or {}).items():
         add(k, v, "--set")
+        for case in cases:  # --set wins over a per-case value
+            case.pop(k, None)
     n_seeds = raw.get("seeds", 1) if seeds is None else seeds
     if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
         src = "--seeds" if seeds is not None else f"{where}seeds"
@@ -405,7 +439,7 @@ def build_spec(
     if not isinstance(plot, Mapping):
         raise ConfigError(f"{where}[plot] must be a table")
     spec = SweepSpec(name=name, fixed=fixed, axes=axes, seeds=n_seeds, plot=dict(plot),
-                     description=str(raw.get("description", "")))
+                     description=str(raw.get("description", "")), cases=tuple(cases))
     # Validate every distinct combination of static settings once, and swept values per axis:
     # a layout problem must surface before anything compiles.
     seen = set()

@@ -141,7 +141,7 @@ def spec_hash(spec: SweepSpec) -> str:
     """Hash of everything that decides the rows (not the chunking or the device count)."""
     blob = json.dumps(
         {"fixed": spec.fixed, "axes": spec.axes, "seeds": spec.seeds,
-         "settings": sorted(C.SETTINGS)},
+         "cases": list(spec.cases), "settings": sorted(C.SETTINGS)},
         sort_keys=True, default=repr,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

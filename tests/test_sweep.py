@@ -198,3 +198,34 @@ def test_readme_main_command_at_reduced_size(tmp_path):
     assert pngs and all(png.stat().st_size > 5000 for png in pngs)
     df = pd.read_parquet(out / "results.parquet")
     assert len(df) == 2 * len(load_sweep(ROOT / "sweeps" / "default.toml").axes["signal_norm"])
+
+
+def test_cases_vary_settings_together_and_set_overrides_them():
+    spec = load_sweep(ROOT / "sweeps" / "sakamoto_fig3.toml")
+    runs = spec.runs()
+    assert spec.n_runs == len(runs) == 3 * 20
+    assert [(r["d"], r["signal_norm"]) for r in runs[::20]] == [(5000, 5.0), (2000, 20.0),
+                                                                (1000, 100.0)]
+    assert {r["train"] for r in runs} == {("p",)}
+    small = load_sweep(ROOT / "sweeps" / "sakamoto_fig3.toml", {"d": 300, "steps": 10}, seeds=2)
+    assert [(r["d"], r["signal_norm"]) for r in small.runs()[::2]] == [(300, 5.0), (300, 20.0),
+                                                                      (300, 100.0)]
+    official = load_sweep(ROOT / "sweeps" / "sakamoto_fig3_official.toml")
+    assert {r["train"] for r in official.runs()} == {("p", "W")}
+    assert S.spec_hash(spec) != S.spec_hash(official)
+
+
+def test_bad_case_is_a_clear_error(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[axes]\nd = [100, 200]\n[[cases]]\nd = 300\n')
+    with pytest.raises(ConfigError, match="'d' is also an axis"):
+        load_sweep(f)
+    f.write_text('[[cases]]\nsignal = 3\n')
+    with pytest.raises(ConfigError, match=r"\[\[cases\]\] #1 unknown setting 'signal'"):
+        load_sweep(f)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "sweeps").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_sweep_file_validates(path):
+    spec = load_sweep(path)
+    assert spec.n_runs >= 1 and spec.runs()[0]["run_id"] == 0
