@@ -67,8 +67,11 @@ def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def read_parts(parts_dir: Path, kind: str) -> pd.DataFrame | None:
+def read_parts(parts_dir: Path, kind: str, tags: set[str] | None = None) -> pd.DataFrame | None:
+    """Concatenate the ``kind`` parts; with ``tags``, only the chunks whose tag is in it."""
     files = sorted(Path(parts_dir).glob(f"{kind}-*.parquet"))
+    if tags is not None:
+        files = [f for f in files if f.name[len(kind) + 1 :] in tags]
     if not files:
         return None
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
@@ -98,8 +101,11 @@ def assemble(out_dir: Path, n_runs: int) -> pd.DataFrame:
         raise RuntimeError(f"{len(missing)} runs missing from the parts, e.g. {missing[:10]}")
     write_table_atomic(df, out_dir / "results.parquet")
     write_csv_atomic(df, out_dir / "results.csv")
+    # A chunk killed after its dynamics/samples parts but before its results part was rerun
+    # (maybe in other chunks): read only the parts of chunks whose results part exists.
+    tags = {f.name[len("results-") :] for f in parts.glob("results-*.parquet")}
     for kind in ("dynamics", "samples"):
-        t = read_parts(parts, kind)
+        t = read_parts(parts, kind, tags)
         if t is not None:
             sort = ["run_id", "step" if kind == "dynamics" else "sample"]
             t = t.sort_values(sort, kind="stable").reset_index(drop=True)

@@ -189,3 +189,20 @@ def test_changed_spec_in_the_same_directory_is_refused(tmp_path, capsys):
                    "--overwrite"]) == 0
     df = pd.read_parquet(out / "results.parquet")
     assert (df["lr"] == 0.1).all() and len(df) == 4
+
+
+def test_orphan_parts_of_a_killed_chunk_are_not_assembled(tmp_path):
+    """Killed between a chunk's samples part and its results part: the rerun recomputes those
+    runs in other chunks, and the orphan part must not add duplicate rows."""
+    spec = load_sweep(write_sweep(tmp_path, seeds=2))
+    out = tmp_path / "out"
+    run_sweep(spec, out, chunk_size=4, quiet=True, plots=False)
+    parts = out / "parts"
+    victim = sorted(parts.glob("results-*.parquet"))[0]
+    victim.unlink()  # as if killed just before this results part was renamed into place
+    df = run_sweep(spec, out, chunk_size=3, quiet=True, plots=False)
+    assert sorted(df["run_id"]) == list(range(spec.n_runs))
+    smp = pd.read_parquet(out / "samples.parquet")
+    dyn = pd.read_parquet(out / "dynamics.parquet")
+    assert not smp.duplicated(["run_id", "sample"]).any() and len(smp) == spec.n_runs * 20
+    assert not dyn.duplicated(["run_id", "step"]).any() and len(dyn) == spec.n_runs * 4
