@@ -75,6 +75,19 @@ def flip_mask(
     return jnp.where(pos, rank_pos < per_class, rank_neg < per_class)
 
 
+def draw_labels(
+    k_lab: jax.Array, k_flip: jax.Array, n: int, sw: dict, *, label_mode: str,
+    label_noise: str | None, dtype,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(y, y_clean, flipped)``: clean labels, then flips (none when ``label_noise`` is None)."""
+    y_clean = clean_labels(k_lab, n, label_mode, dtype)
+    if label_noise is None:
+        flipped = jnp.zeros(n, bool)
+    else:
+        flipped = flip_mask(k_flip, y_clean, label_noise, sw["noise_ratio"], sw["n_flip_per_class"])
+    return jnp.where(flipped, -y_clean, y_clean), y_clean, flipped
+
+
 def sakamoto_signal(
     y_clean: jax.Array, roles: np.ndarray, signal_norm: jax.Array, rho: jax.Array
 ) -> jax.Array:
@@ -110,12 +123,8 @@ def sakamoto_sample(
     ``label_noise=None`` keeps the labels clean (test sets)."""
     k_lab, k_flip, k_noise = jr.split(key, 3)
     T = len(roles)
-    y_clean = clean_labels(k_lab, n, label_mode, dtype)
-    if label_noise is None:
-        flipped = jnp.zeros(n, bool)
-    else:
-        flipped = flip_mask(k_flip, y_clean, label_noise, sw["noise_ratio"], sw["n_flip_per_class"])
-    y = jnp.where(flipped, -y_clean, y_clean)
+    y, y_clean, flipped = draw_labels(k_lab, k_flip, n, sw, label_mode=label_mode,
+                                      label_noise=label_noise, dtype=dtype)
     signal = sakamoto_signal(y_clean, roles, sw["signal_norm"], sw["rho"])
     X = None
     if d is not None:

@@ -49,9 +49,8 @@ from .data import (
     RELEVANT,
     WEAK_OPP,
     Batch,
-    clean_labels,
+    draw_labels,
     embed_signal,
-    flip_mask,
     n_flip_per_class,
     sakamoto_sample,
     token_roles,
@@ -129,12 +128,8 @@ def magen_sample(
 ) -> Batch:
     """Draw ``n`` Magen sequences (``d=None``: signal coordinates only, for projected tests)."""
     k_lab, k_flip, k_noise = jr.split(key, 3)
-    y_clean = clean_labels(k_lab, n, label_mode, dtype)
-    if label_noise is None:
-        flipped = jnp.zeros(n, bool)
-    else:
-        flipped = flip_mask(k_flip, y_clean, label_noise, sw["noise_ratio"], sw["n_flip_per_class"])
-    y = jnp.where(flipped, -y_clean, y_clean)
+    y, y_clean, flipped = draw_labels(k_lab, k_flip, n, sw, label_mode=label_mode,
+                                      label_noise=label_noise, dtype=dtype)
     own = jnp.stack([(y_clean > 0), (y_clean < 0)], -1).astype(dtype)  # (n, 2)
     first = jnp.asarray(np.arange(T) == 0)[None, :, None]
     signal = jnp.where(first, sw["signal_norm"] * own[:, None, :], 0.0).astype(dtype)

@@ -233,6 +233,14 @@ def query_metrics(q: jax.Array, p: jax.Array) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def fit_bookkeeping(t, y, f, first_fit, all_fit):
+    """First step at which each sample, and all samples at once, are fitted (``y f > 0``)."""
+    fitted = y * f > 0
+    first_fit = jnp.where((first_fit < 0) & fitted, t, first_fit)
+    all_fit = jnp.where((all_fit < 0) & jnp.all(fitted), t, all_fit)
+    return first_fit, all_fit
+
+
 def gd_loop(
     params,
     loss_aux: Callable,
@@ -263,10 +271,7 @@ def gd_loop(
         buf = {}  # zero-length buffers would break lax.map's reshape
 
     def bookkeeping(t, f, first_fit, all_fit):
-        fitted = batch.y * f > 0
-        first_fit = jnp.where((first_fit < 0) & fitted, t, first_fit)
-        all_fit = jnp.where((all_fit < 0) & jnp.all(fitted), t, all_fit)
-        return first_fit, all_fit
+        return fit_bookkeeping(t, batch.y, f, first_fit, all_fit)
 
     def write(buf, t, params, f, s, a):
         if not len(record_at):

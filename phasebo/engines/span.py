@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Batch
-from ..train import group_masks
+from ..train import fit_bookkeeping, group_masks
 
 # Loop iterations per compiled loop trip: the per-step work is small (one N x N product), so the
 # while-loop's own overhead matters on CPU.
@@ -115,10 +115,7 @@ def span_gd(
         buf = {}
 
     def bookkeeping(t, f, first_fit, all_fit):
-        fitted = y * f > 0
-        first_fit = jnp.where((first_fit < 0) & fitted, t, first_fit)
-        all_fit = jnp.where((all_fit < 0) & jnp.all(fitted), t, all_fit)
-        return first_fit, all_fit
+        return fit_bookkeeping(t, y, f, first_fit, all_fit)
 
     def write(buf, t, coef, f, s, a):
         if not len(record_at):
