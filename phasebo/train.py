@@ -241,6 +241,41 @@ def fit_bookkeeping(t, y, f, first_fit, all_fit):
     return first_fit, all_fit
 
 
+class Recorder(NamedTuple):
+    """Fixed-size dynamics buffer: metrics at the static steps ``record_at`` (0..steps)."""
+
+    slot: np.ndarray  # (steps + 1,) buffer row of each step, -1 where nothing is recorded
+    record_fn: Callable
+
+    @staticmethod
+    def make(steps: int, record_at: tuple[int, ...], record_fn: Callable) -> Recorder:
+        slot = np.full(steps + 1, -1, np.int32)
+        slot[list(record_at)] = np.arange(len(record_at), dtype=np.int32)
+        return Recorder(slot, record_fn)
+
+    def empty(self, *example_args) -> dict:
+        """NaN buffers shaped like ``record_fn(*example_args)`` (abstract evaluation, no compute);
+        ``{}`` when nothing is recorded (zero-length buffers would break lax.map's reshape)."""
+        n_rec = int(np.sum(self.slot >= 0))
+        if not n_rec:
+            return {}
+        shape = jax.eval_shape(self.record_fn, *example_args)
+        return jax.tree.map(lambda x: jnp.full((n_rec,), jnp.nan, x.dtype), shape)
+
+    def write(self, buf, t, *args):
+        """Store ``record_fn(*args)`` at step ``t`` if ``t`` is recorded; ``lax.cond`` on an
+        unbatched predicate keeps the cost off the other steps."""
+        if not buf:
+            return buf
+        k = jnp.asarray(self.slot)[t]
+
+        def do(b):
+            m = self.record_fn(*args)
+            return jax.tree.map(lambda bb, mm: bb.at[k].set(mm.astype(bb.dtype)), b, m)
+
+        return jax.lax.cond(k >= 0, do, lambda b: b, buf)
+
+
 def gd_loop(
     params,
     loss_aux: Callable,
@@ -259,30 +294,14 @@ def gd_loop(
     opt = optimizer if optimizer is not None else optax.sgd(lr)
     opt_state = opt.init(params)
     n = batch.y.shape[0]
-    slot = np.full(steps + 1, -1, np.int32)
-    slot[list(record_at)] = np.arange(len(record_at), dtype=np.int32)
     masks = group_masks(batch.y_clean, batch.flipped)
-
-    # Shape of the recorded metrics, from an abstract evaluation (no compute).
+    rec = Recorder.make(steps, record_at, record_fn)
     _, (f0, s0, a0) = jax.eval_shape(loss_aux, params)
-    rec_shape = jax.eval_shape(record_fn, params, f0, s0, a0)
-    buf = jax.tree.map(lambda x: jnp.full((len(record_at),), jnp.nan, x.dtype), rec_shape)
-    if not record_at:
-        buf = {}  # zero-length buffers would break lax.map's reshape
+    buf = rec.empty(params, f0, s0, a0)
+    write = rec.write
 
     def bookkeeping(t, f, first_fit, all_fit):
         return fit_bookkeeping(t, batch.y, f, first_fit, all_fit)
-
-    def write(buf, t, params, f, s, a):
-        if not len(record_at):
-            return buf
-        k = jnp.asarray(slot)[t]
-
-        def do(b):
-            m = record_fn(params, f, s, a)
-            return jax.tree.map(lambda bb, mm: bb.at[k].set(mm.astype(bb.dtype)), b, m)
-
-        return jax.lax.cond(k >= 0, do, lambda b: b, buf)
 
     def step(carry, t):
         params, opt_state, first_fit, all_fit, cumS, div, buf = carry

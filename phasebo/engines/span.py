@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Batch
-from ..train import fit_bookkeeping, group_masks
+from ..train import Recorder, fit_bookkeeping, group_masks
 
 # Loop iterations per compiled loop trip: the per-step work is small (one N x N product), so the
 # while-loop's own overhead matters on CPU.
@@ -74,8 +74,7 @@ def span_gd(
     n, T = a0.shape
     dtype = a0.dtype
     train_head = K_head is not None
-    slot = np.full(steps + 1, -1, np.int32)
-    slot[list(record_at)] = np.arange(len(record_at), dtype=np.int32)
+    rec = Recorder.make(steps, record_at, record_fn)
     masks = jnp.stack(group_masks(batch.y_clean, batch.flipped)).astype(dtype)  # (4, n)
     y = batch.y
     rel = [int(t) for t in np.flatnonzero(relevant)]
@@ -109,24 +108,12 @@ def span_gd(
     coef0 = (jnp.zeros((n, T), dtype), jnp.zeros((n, T), dtype), jnp.ones((), dtype))
     _, _, s0, f0 = jax.eval_shape(forward, coef0)
     a0s = jax.ShapeDtypeStruct((n, T), dtype)
-    rec_shape = jax.eval_shape(record_fn, coef0, f0, s0, a0s)
-    buf = jax.tree.map(lambda x: jnp.full((len(record_at),), jnp.nan, x.dtype), rec_shape)
-    if not record_at:
-        buf = {}
+    buf = rec.empty(coef0, f0, s0, a0s)
 
     def bookkeeping(t, f, first_fit, all_fit):
         return fit_bookkeeping(t, y, f, first_fit, all_fit)
 
-    def write(buf, t, coef, f, s, a):
-        if not len(record_at):
-            return buf
-        k = jnp.asarray(slot)[t]
-
-        def do(b):
-            m = record_fn(coef, f, s, a)
-            return jax.tree.map(lambda bb, mm: bb.at[k].set(mm.astype(bb.dtype)), b, m)
-
-        return jax.lax.cond(k >= 0, do, lambda b: b, buf)
+    write = rec.write
 
     def step(carry, t):
         coef, first_fit, all_fit, cumS, div, buf = carry
