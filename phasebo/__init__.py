@@ -1,41 +1,62 @@
 """phasebo: a JAX simulation engine for benign-overfitting phase sweeps of softmax attention.
 
-Importing phasebo registers every model (prompt attention, single-head, self-attention,
-multi-layer, encoder, hand-built query) and every engine (direct, gram, reduced).
-
     >>> import phasebo
     >>> spec = phasebo.spec_from_dict({"d": 500, "steps": 100}, {"signal_norm": [5.0, 20.0]})
     >>> df = phasebo.run_sweep(spec, "results/example", quiet=True)   # doctest: +SKIP
-    >>> cells = phasebo.aggregate(df, ["signal_norm"])                 # doctest: +SKIP
+    >>> cells = phasebo.aggregate(df)                                  # doctest: +SKIP
+
+The public API: sweeps (:func:`load_sweep`, :func:`spec_from_dict`, :func:`run_sweep`,
+:func:`run_one`), tables (:func:`load`, :func:`aggregate`, :func:`pivot`, :func:`export`), phase boundaries
+(:func:`boundaries`, :func:`fit_power_law`), and the
+tables of models and engines (:data:`MODELS`, :data:`ENGINES`).
 """
 
-from . import encoder as _encoder  # noqa: F401  (registers the encoder)
-from . import engines as _engines  # noqa: F401  (registers the gram and reduced engines)
-from . import magen as _magen  # noqa: F401  (registers single_head, self_attention, ...)
-from . import train as _train  # noqa: F401  (registers prompt_attention)
+from . import theory as theory
 from .analysis import aggregate as aggregate
+from .analysis import cell_axes as cell_axes
 from .analysis import export as export
 from .analysis import load as load
 from .analysis import load_dynamics as load_dynamics
 from .analysis import load_samples as load_samples
 from .analysis import pivot as pivot
 from .analysis import select as select
-from .config import ConfigError as ConfigError
+from .analysis import wilson as wilson
+from .boundaries import boundaries as boundaries
+from .boundaries import fit_power_law as fit_power_law
+from .config import SweepSpec as SweepSpec
 from .config import load_sweep as load_sweep
 from .config import spec_from_dict as spec_from_dict
+from .models.base import Model as Model
+from .registry import ENGINES as ENGINES
+from .registry import MODELS as MODELS
 from .results import load_results as load_results
-from .train import ENGINES as ENGINES
-from .train import MODELS as MODELS
-from .train import run_one as run_one
+from .settings import ConfigError as ConfigError
+from .settings import Setting as Setting
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
+# The sweep driver is imported on first use, so that ``python -m phasebo.sweep`` does not find
+# its own module already imported.
 def run_sweep(spec, out_dir=None, **kwargs):
-    """Run a sweep and return its results table; see :func:`phasebo.sweep.run_sweep`.
-
-    (Imported lazily, so that ``python -m phasebo.sweep`` does not import its module twice.)
-    """
+    """Run a sweep and return its results table; see :func:`phasebo.sweep.run_sweep`."""
     from .sweep import run_sweep as _run_sweep
 
     return _run_sweep(spec, out_dir, **kwargs)
+
+
+def run_one(settings=None, **kwargs):
+    """One run from a settings dict: ``RunOutput(final, dynamics, samples)``; see
+    :func:`phasebo.sweep.run_one`."""
+    from .sweep import run_one as _run_one
+
+    return _run_one(settings, **kwargs)
+
+
+def refine_sweep(spec, refinement, out_dir=None, **kwargs):
+    """Run a sweep, then refine its grid around a phase boundary; see
+    :func:`phasebo.refine.refine_sweep` (``refinement``: :func:`phasebo.refine.parse_refine`)."""
+    from .refine import refine_sweep as _refine
+    from .sweep import run_sweep as _run_sweep
+
+    return _refine(spec, refinement, out_dir, run_sweep=_run_sweep, **kwargs)

@@ -1,8 +1,8 @@
 """The results API: load sweeps, aggregate over seeds, pivot two axes to a grid, export.
 
 A sweep directory holds three long tables (:mod:`phasebo.results`): ``results.parquet`` (one row
-per run), ``dynamics.parquet`` (one row per run and recorded step) and ``samples.parquet`` (one
-row per run and training sample). This module reads them with pandas and reduces them::
+per run), ``dynamics.parquet`` (per run and recorded step) and ``samples.parquet`` (per run and
+training sample)::
 
     import phasebo as pb
     runs = pb.load("results/default")                    # one or several sweeps
@@ -10,44 +10,52 @@ row per run and training sample). This module reads them with pandas and reduces
     g = pb.pivot(cells, x="signal_norm", y="d", value="test_acc_mean")
     pb.export(cells, "cells.csv")
 
-**Cells.** A *cell* is a combination of the settings that vary across the loaded runs (the grid
-axes), with the seeds pooled. Runs whose ``status`` is not ``"ok"`` (diverged, ...) are left out
-of every statistic and counted in ``n_failed``.
+**Cells.** By default a cell is a combination of *every* setting that varies across the loaded
+runs, so an aggregate never pools runs of different settings silently. ``by=[...]`` names the
+cell axes explicitly; a setting that still varies inside those cells is an error unless it is
+pooled explicitly with ``over=[...]`` (its column, and every column that varies with it, is then
+dropped, never filled from one row). Runs whose ``status`` is not ``"ok"`` are left out of every
+statistic and counted in ``n_failed``.
 
-**Aggregate columns.** For every numeric metric ``m``: ``m_mean``, ``m_se`` (standard error,
-``std(ddof=1)/sqrt(k)`` over the ``k`` ok runs with a finite value; NaN when ``k < 2``),
-``m_min``, ``m_max``. Per cell also ``n_seeds`` (runs in the cell), ``n_ok``, ``n_failed``,
-``frac_benign``, ``frac_harmful``, ``frac_not_overfitting`` (fractions of the ok runs) and
-``regime``: the regime of a strict majority of the ok runs, ``"mixed"`` when there is none, and
-``"failed"`` when no run of the cell is ok.
+**Columns.** Per cell: ``n_runs``; ``n_seeds`` (distinct ``(seed, root_seed)`` pairs); ``n_ok``,
+``n_failed``; for each regime ``frac_<regime>`` (of the ok runs) with its standard error
+``frac_<regime>_se`` and Wilson 95 % interval ``frac_<regime>_lo`` / ``_hi``; ``regime`` (the
+regime of a strict majority of the ok runs, ``"mixed"`` without one, ``"failed"`` if none is ok);
+and for every metric ``m``: ``m_mean``, ``m_se`` (``std(ddof=1)/sqrt(k)`` over the ``k`` ok runs
+with a finite value; NaN when ``k < 2``), ``m_min``, ``m_max``. Settings constant in every cell are
+kept as they are (not with ``metrics=``).
 
-Step columns (``*_step``, e.g. ``noisy_fit_step``) use ``-1`` for "never"; they are read as NaN
-("never happened") before aggregation, so ``noisy_fit_step_mean`` is the mean over the runs that
-did fit every flipped sample.
+Step columns (``*_step``) use ``-1`` for "never"; they are read as NaN before aggregation, so
+``noisy_fit_step_mean`` is the mean over the runs where every flipped sample was fitted.
 
 **Orientation.** :func:`pivot` returns rows indexed by the ``y`` values and columns by the ``x``
-values, both increasing (row 0 and column 0 are the cell nearest the origin of a plot drawn with
-``pcolormesh``); every combination of the axis values appears, missing cells are NaN.
+values, both increasing; every combination of the values present appears, missing cells NaN.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from . import config as C
-from .results import REGIMES
+from .registry import all_settings
+from .results import REGIMES, load_results
+from .settings import ConfigError
 
 PathLike = str | Path
 CELL_REGIMES = (*REGIMES, "mixed", "failed")
 
-# Columns that identify a run or a repetition rather than a cell, and columns that are functions of
-# the cell's settings (kept once, as the cell's value, not aggregated).
-_RUN_COLUMNS = ("run_id", "seed", "root_seed", "source", "engine_setting")
-_DERIVED_SETTINGS = ("snr", "n_snr2", "n_flip_per_class")
+RUN_COLUMNS = ("run_id", "seed", "root_seed", "source", "engine_setting", "sweep")
+DERIVED = ("snr", "n_snr2")
+LABEL_COLUMNS = ("status", "regime")
+Z95 = 1.959963984540054
+
+
+def setting_names() -> set[str]:
+    return set(all_settings())
 
 
 # --------------------------------------------------------------------------------------------
@@ -64,66 +72,88 @@ def _as_paths(paths) -> list[Path]:
 def _table_path(path: Path, table: str) -> Path:
     if path.is_dir():
         return path / f"{table}.parquet"
-    if table == "results":
-        return path
-    # a results.parquet file was given: its siblings hold the other tables
-    return path.with_name(f"{table}.parquet")
+    return path if table == "results" else path.with_name(f"{table}.parquet")
 
 
-def load(paths: PathLike | Iterable[PathLike], table: str = "results") -> pd.DataFrame:
+def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partial: bool = False,
+         duplicates: str = "drop") -> pd.DataFrame:
     """Load one or several sweeps' ``table`` (``results``, ``dynamics`` or ``samples``).
 
     ``paths``: a sweep directory, a ``results.parquet`` file, or a list of them. A ``source``
-    column (the directory) is added so that ``run_id`` stays unique across sweeps:
-    ``(source, run_id)`` identifies a run. ``dynamics`` and ``samples`` rows get the run's
-    settings (``d``, ``signal_norm``, ``seed``, ...) joined from its results table.
+    column says where each row came from. The same run (same ``run_id``, which hashes every
+    setting and the seed, and the same ``engine``) loaded twice is kept once, with a warning
+    (``duplicates="drop"``), or is an error (``"error"``). ``partial``: read the finished parts of
+    an interrupted sweep. ``dynamics`` and ``samples`` rows get their run's settings joined.
     """
     if table not in ("results", "dynamics", "samples"):
         raise ValueError(f"table = {table!r}: expected 'results', 'dynamics' or 'samples'")
-    frames = []
+    if duplicates not in ("drop", "error"):
+        raise ValueError("duplicates must be 'drop' or 'error'")
+    res_frames = []
     for p in _as_paths(paths):
         if not p.exists():
-            raise FileNotFoundError(f"{p} does not exist; give a sweep directory or a "
-                                    "results.parquet file")
-        src = str(p if p.is_dir() else p.parent)
-        res = pd.read_parquet(_table_path(p, "results"))
-        res.insert(0, "source", src)
-        if table == "results":
-            frames.append(res)
-            continue
+            raise ConfigError(f"{p} does not exist; fix: give a sweep directory or a "
+                              "results.parquet file")
+        res = load_results(p, partial=partial)
+        res.insert(0, "source", str(p if p.is_dir() else p.parent))
+        res_frames.append(res)
+    if not res_frames:
+        raise ValueError("no sweep given")
+    res = _concat(res_frames)
+    key = ["run_id", "engine"] if "engine" in res.columns else ["run_id"]
+    dup = res.duplicated(key, keep="first")
+    if dup.any():
+        msg = (f"{int(dup.sum())} runs appear in more than one of the loaded sweeps (same settings, "
+               "seed and engine)")
+        if duplicates == "error":
+            raise ConfigError(msg + "; fix: load each run once")
+        warnings.warn(msg + "; each is kept once", stacklevel=2)
+    keep = ~dup
+    if table == "results":
+        return res[keep].reset_index(drop=True)
+    frames = []
+    for p in _as_paths(paths):
         tp = _table_path(p, table)
         if not tp.exists():
-            raise FileNotFoundError(
-                f"{tp} does not exist: this sweep did not record {table}"
-                + ("; set record_every or record_log to record dynamics" if table == "dynamics"
-                   else ""))
+            hint = "; set record_every or record_log to record dynamics" if table == "dynamics" \
+                else ""
+            raise ConfigError(f"{tp} does not exist: this sweep did not record {table}{hint}")
         t = pd.read_parquet(tp)
-        keep = [c for c in res.columns if c not in t.columns or c == "run_id"]
-        keep = [c for c in keep if c in _settings_like(res)]
-        t = t.merge(res[keep], on="run_id", how="left", validate="many_to_one")
-        t = t[["source", *[c for c in t.columns if c != "source"]]]
+        t.insert(0, "source", str(p if p.is_dir() else p.parent))
         frames.append(t)
-    if not frames:
-        raise ValueError("no sweep given")
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    t = _concat(frames)
+    cols = [c for c in res.columns if c in setting_names() or c in (*RUN_COLUMNS, *DERIVED,
+                                                                      "model", "engine",
+                                                                      "status", "regime")]
+    cols = [c for c in cols if c not in t.columns or c in ("source", "run_id")]
+    t = t.merge(res.loc[keep, cols], on=["source", "run_id"], how="inner", validate="many_to_one")
+    return t
 
 
-def load_dynamics(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    if len(frames) == 1:
+        return frames[0]
+    cats = {}
+    for f in frames:
+        for c in f.columns:
+            if isinstance(f[c].dtype, pd.CategoricalDtype):
+                cats.setdefault(c, []).append(f[c].dtype)
+    out = pd.concat(frames, ignore_index=True)
+    for c, dts in cats.items():
+        ordered = dts[0].ordered
+        union = list(dict.fromkeys(x for d in dts for x in d.categories))
+        out[c] = pd.Categorical(out[c].astype(object), categories=union, ordered=ordered)
+    return out
+
+
+def load_dynamics(paths: PathLike | Iterable[PathLike], **kw) -> pd.DataFrame:
     """Shorthand for ``load(paths, "dynamics")``."""
-    return load(paths, "dynamics")
+    return load(paths, "dynamics", **kw)
 
 
-def load_samples(paths: PathLike | Iterable[PathLike]) -> pd.DataFrame:
+def load_samples(paths: PathLike | Iterable[PathLike], **kw) -> pd.DataFrame:
     """Shorthand for ``load(paths, "samples")``."""
-    return load(paths, "samples")
-
-
-def _settings_like(df: pd.DataFrame) -> list[str]:
-    """Columns of a results table that are settings, run identifiers or derived settings."""
-    names = set(C.SETTINGS) | set(_RUN_COLUMNS) | set(_DERIVED_SETTINGS) | {"sweep", "model",
-                                                                              "engine", "status",
-                                                                              "regime"}
-    return [c for c in df.columns if c in names]
+    return load(paths, "samples", **kw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,25 +161,20 @@ def _settings_like(df: pd.DataFrame) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def cell_axes(df: pd.DataFrame) -> list[str]:
-    """The settings that vary across ``df``'s runs (the grid axes), in column order.
+def setting_columns(df: pd.DataFrame) -> list[str]:
+    names = setting_names() | {"model", "engine"}
+    return [c for c in df.columns if c in names and c not in RUN_COLUMNS]
 
-    Run identifiers (``run_id``, ``seed``, ``root_seed``) are not axes; ``source`` and ``sweep``
-    are, when several sweeps were loaded.
-    """
-    out = []
-    for c in df.columns:
-        if c in ("run_id", "seed", "root_seed", "engine_setting") or c in _DERIVED_SETTINGS:
-            continue
-        if c in C.SETTINGS or c in ("sweep", "source", "engine"):
-            if df[c].nunique(dropna=False) > 1:
-                out.append(c)
-    return out
+
+def cell_axes(df: pd.DataFrame) -> list[str]:
+    """The settings that vary across ``df``'s runs (the cell axes), in column order. Run
+    identifiers (``run_id``, ``seed``, ``root_seed``, ``source``) are repetitions, not axes."""
+    return [c for c in setting_columns(df) if df[c].nunique(dropna=False) > 1]
 
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Numeric columns of a results table that are measurements (not settings)."""
-    skip = set(C.SETTINGS) | set(_RUN_COLUMNS) | set(_DERIVED_SETTINGS)
+    skip = setting_names() | set(RUN_COLUMNS) | set(DERIVED)
     return [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
             and not pd.api.types.is_bool_dtype(df[c])]
 
@@ -163,53 +188,82 @@ def _never_as_nan(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
     return df
 
 
-def aggregate(
-    df: pd.DataFrame,
-    by: Sequence[str] | None = None,
-    metrics: Sequence[str] | None = None,
-) -> pd.DataFrame:
-    """Pool the seeds of each cell: one row per combination of ``by`` (default :func:`cell_axes`).
+def wilson(k, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of a proportion ``k / n`` (NaN where ``n = 0``)."""
+    k, n = np.asarray(k, float), np.asarray(n, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k / n
+        den = 1 + z**2 / n
+        mid = (p + z**2 / (2 * n)) / den
+        half = z * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / den
+    return mid - half, mid + half
 
-    Returns the ``by`` columns, the constant settings (as they were), the derived SNR columns,
-    ``n_seeds, n_ok, n_failed``, ``frac_<regime>`` for each regime, ``regime`` (strict majority of
-    the ok runs, else ``"mixed"``; ``"failed"`` if none is ok), and ``<m>_mean, <m>_se, <m>_min,
-    <m>_max`` for each metric (default :func:`metric_columns`). Rows sorted by ``by``.
+
+def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
+              metrics: Sequence[str] | None = None, over: Sequence[str] | None = None
+              ) -> pd.DataFrame:
+    """Pool the seeds of each cell: one row per combination of ``by`` (see the module docstring).
+
+    ``by``: the cell axes (default: every setting that varies); ``over``: settings pooled on
+    purpose (default none; a setting that varies inside a cell and is not named here is an
+    error); ``metrics``: the metrics to summarise (default every numeric measurement column).
     """
     if len(df) == 0:
         raise ValueError("aggregate: the table is empty")
-    by = list(cell_axes(df) if by is None else by)
-    metrics = list(metric_columns(df) if metrics is None else metrics)
-    missing = [c for c in [*by, *metrics] if c not in df.columns]
+    over = list(over or [])
+    varying = cell_axes(df)
+    by = [c for c in (varying if by is None else by) if c not in over]
+    metric_list = list(metric_columns(df) if metrics is None else metrics)
+    missing = [c for c in [*by, *over, *metric_list] if c not in df.columns]
     if missing:
         raise KeyError(f"aggregate: no column {missing[0]!r}; columns: {', '.join(df.columns)}")
-    status = df["status"] if "status" in df.columns else pd.Series("ok", index=df.index)
-    ok_mask = (status == "ok").to_numpy()
-    work = _never_as_nan(df, metrics)
-    work["_ok"] = ok_mask
+    keys = by or ["_cell"]
+    work = _never_as_nan(df, metric_list)
     if not by:
         work["_cell"] = 0
-        keys = ["_cell"]
+    grouped = work.groupby(keys, sort=True, dropna=False, observed=True)
+    inside = [c for c in varying if c not in by and c not in over]
+    if inside:
+        n_in = grouped[inside].nunique(dropna=False).max()
+        bad = [c for c in inside if n_in[c] > 1]
+        if bad:
+            raise ValueError(
+                f"aggregate: {bad[0]} varies inside the cells of by={by} ({int(n_in[bad[0]])} "
+                f"values); fix: add it to by, or pool over it on purpose with over={[bad[0]]}")
+    status = work["status"].astype(str) if "status" in work.columns else \
+        pd.Series("ok", index=work.index)
+    work["_ok"] = (status == "ok").to_numpy()
+    out = grouped.size().rename("n_runs").to_frame()
+    seed_cols = [c for c in ("seed", "root_seed") if c in work.columns]
+    if seed_cols:
+        out["n_seeds"] = grouped[seed_cols].apply(lambda g: len(g.drop_duplicates()))
     else:
-        keys = by
-    grouped = work.groupby(keys, sort=True, dropna=False)
-    out = grouped.size().rename("n_seeds").to_frame()
-    out["n_ok"] = grouped["_ok"].sum().astype(int)
-    out["n_failed"] = out["n_seeds"] - out["n_ok"]
-    ok = work[ok_mask]
-    g_ok = ok.groupby(keys, sort=True, dropna=False)
-    if "regime" in df.columns:
+        out["n_seeds"] = out["n_runs"]
+    out["n_ok"] = grouped["_ok"].sum().astype(np.int64)
+    out["n_failed"] = out["n_runs"] - out["n_ok"]
+    ok = work[work["_ok"]]
+    g_ok = ok.groupby(keys, sort=True, dropna=False, observed=True)
+    if "regime" in work.columns:
+        n_ok = out["n_ok"].to_numpy(float)
+        fr = []
         for r in REGIMES:
-            hits = (ok["regime"] == r).groupby([ok[k] for k in keys], dropna=False).sum()
-            out[f"frac_{r}"] = (hits.reindex(out.index).fillna(0) / out["n_ok"].where(
-                out["n_ok"] > 0)).astype(float)
-        fr = out[[f"frac_{r}" for r in REGIMES]].to_numpy()
+            hits = (ok["regime"].astype(str) == r).groupby(
+                [ok[k] for k in keys], dropna=False, observed=True).sum()
+            k_hit = hits.reindex(out.index).fillna(0).to_numpy(float)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                p = np.where(n_ok > 0, k_hit / np.where(n_ok > 0, n_ok, 1), np.nan)
+                se = np.sqrt(p * (1 - p) / n_ok)
+            lo, hi = wilson(k_hit, n_ok)
+            out[f"frac_{r}"], out[f"frac_{r}_se"] = p, se
+            out[f"frac_{r}_lo"], out[f"frac_{r}_hi"] = lo, hi
+            fr.append(p)
         lab = np.full(len(out), "mixed", dtype=object)
         for i, r in enumerate(REGIMES):
-            lab[fr[:, i] > 0.5] = r
-        lab[out["n_ok"].to_numpy() == 0] = "failed"
-        out["regime"] = lab
+            lab[np.nan_to_num(fr[i]) > 0.5] = r
+        lab[n_ok == 0] = "failed"
+        out["regime"] = pd.Categorical(lab, categories=CELL_REGIMES, ordered=True)
     stats = {}
-    for m in metrics:
+    for m in metric_list:
         col = g_ok[m]
         mean, std, cnt = col.mean(), col.std(ddof=1), col.count()
         stats[f"{m}_mean"] = mean
@@ -218,25 +272,27 @@ def aggregate(
         stats[f"{m}_max"] = col.max()
     if stats:
         out = out.join(pd.DataFrame(stats), how="left")
-    # constant settings and derived SNR columns: the cell's (first) value
-    const = [c for c in df.columns if c not in keys and c not in metrics and c not in
-             ("run_id", "seed", "status", "regime", "source") and
-             (c in C.SETTINGS or c in _DERIVED_SETTINGS or c in ("sweep", "model", "engine"))]
-    if const:
-        first = work.groupby(keys, sort=True, dropna=False)[const].first()
-        out = out.join(first, how="left")
+    const = []
+    if metrics is None:
+        cand = [c for c in df.columns if c not in keys and c not in over and c not in metric_list
+                and c not in (*RUN_COLUMNS, *LABEL_COLUMNS) and c not in inside]
+        if cand:
+            nun = grouped[cand].nunique(dropna=False).max()
+            const = [c for c in cand if nun[c] <= 1]
+            if const:
+                out = out.join(grouped[const].first(), how="left")
     out = out.reset_index()
     if not by:
         out = out.drop(columns="_cell")
-    lead = [*by, *[c for c in const if c not in by]]
-    counts = ["n_seeds", "n_ok", "n_failed"]
-    regimes = [c for c in out.columns if c.startswith("frac_")] + (["regime"] if "regime" in
-                                                                   out.columns else [])
-    rest = [c for c in out.columns if c not in [*lead, *counts, *regimes]]
-    return out[[*lead, *counts, *regimes, *rest]]
+    lead = [*by, *const]
+    counts = ["n_runs", "n_seeds", "n_ok", "n_failed"]
+    regime_cols = [c for c in out.columns if c.startswith("frac_")] + \
+        (["regime"] if "regime" in out.columns else [])
+    rest = [c for c in out.columns if c not in [*lead, *counts, *regime_cols]]
+    return out[[*lead, *counts, *regime_cols, *rest]]
 
 
-def _is_aggregate(df: pd.DataFrame) -> bool:
+def is_aggregate(df: pd.DataFrame) -> bool:
     return "n_seeds" in df.columns and "n_ok" in df.columns
 
 
@@ -257,44 +313,44 @@ def select(df: pd.DataFrame, where: Mapping[str, object] | None = None) -> pd.Da
         if pd.api.types.is_float_dtype(col) and isinstance(v, (int, float)):
             mask &= np.isclose(col.to_numpy(float), float(v), rtol=1e-9, atol=0)
         else:
-            mask &= (col == v).to_numpy()
+            mask &= (col.astype(object) == v).to_numpy()
     return df[mask]
 
 
-def pivot(
-    df: pd.DataFrame,
-    x: str,
-    y: str,
-    value: str,
-    where: Mapping[str, object] | None = None,
-) -> pd.DataFrame:
+def pivot(df: pd.DataFrame, x: str, y: str, value: str,
+          where: Mapping[str, object] | None = None) -> pd.DataFrame:
     """A ``(y, x)`` grid of ``value``: rows = increasing ``y``, columns = increasing ``x``.
 
     ``df`` is an aggregate (:func:`aggregate`) or a runs table, which is aggregated first (then
     ``value`` may name a metric, meaning its ``_mean``, or ``regime``). ``where`` fixes other axes
     (``{"n": 20}``); if an axis other than ``x`` and ``y`` still varies, a :class:`ValueError`
-    names it. Every (y, x) combination of the values present appears; missing cells are NaN.
+    names it.
     """
     if where:
         df = select(df, where)
-    if not _is_aggregate(df):
-        df = aggregate(df)
+    if not is_aggregate(df):
+        others = [a for a in cell_axes(df) if a not in (x, y)]
+        if others:
+            raise ValueError(f"pivot: {others[0]} varies besides {x} and {y}; fix: "
+                             f"where={{{others[0]!r}: value}} to pick one slice")
+        df = aggregate(df, by=[c for c in (x, y) if c in df.columns])
         if value not in df.columns and f"{value}_mean" in df.columns:
             value = f"{value}_mean"
     for c in (x, y, value):
         if c not in df.columns:
             raise KeyError(f"pivot: no column {c!r}; columns: {', '.join(df.columns)}")
-    others = [a for a in df.columns if a not in (x, y) and (a in C.SETTINGS or a in ("sweep",
-              "source")) and df[a].nunique(dropna=False) > 1]
-    dup = df.duplicated([x, y]).any()
-    if dup:
+    if df.duplicated([x, y]).any():
+        others = [a for a in setting_columns(df) if a not in (x, y)
+                  and df[a].nunique(dropna=False) > 1]
         hint = f" (it varies: {', '.join(others)})" if others else ""
-        raise ValueError(
-            f"pivot: several cells share each ({x}, {y}) pair{hint}; fix: "
-            f"where={{{(others or ['axis'])[0]!r}: value}} to pick one slice")
+        raise ValueError(f"pivot: several cells share each ({x}, {y}) pair{hint}; fix: "
+                         f"where={{{(others or ['axis'])[0]!r}: value}} to pick one slice")
     xs = np.sort(df[x].dropna().unique())
     ys = np.sort(df[y].dropna().unique())
-    g = df.pivot(index=y, columns=x, values=value)
+    vals = df[value].astype(object) if isinstance(df[value].dtype, pd.CategoricalDtype) \
+        else df[value]
+    g = pd.DataFrame({x: df[x].to_numpy(), y: df[y].to_numpy(), "_v": vals.to_numpy()}).pivot(
+        index=y, columns=x, values="_v")
     g = g.reindex(index=ys, columns=xs)
     g.index.name, g.columns.name = y, x
     return g

@@ -1,18 +1,10 @@
-"""Typed settings, sweep-file parsing and validation.
+"""Sweep files: parsing, validation against each model's own settings, the grid, and run identity.
 
-Every knob of a run is a *setting* with a name (the results column), a default, a type, a
-validator and a **kind**:
-
-- ``static``: decides shapes, trip counts or code paths (``d``, ``n``, ``T``, ``steps``, ``model``,
-  ``train``...). Runs are grouped by their static settings; each group compiles once.
-- ``swept``: a number that enters the computation as an array (``signal_norm``, ``lr``,
-  ``noise_ratio``...). Runs of one group differ only in these and are vmapped.
-- ``host``: read on the host only (regime thresholds, the root seed).
-
-A sweep file (TOML) names fixed settings and axes; the grid is the Cartesian product of the axes
-times the seeds::
+A sweep file (TOML) names fixed settings and axes; the grid is the cases times the Cartesian product
+of the axes times the seeds::
 
     name = "default"            # optional, defaults to the file name
+    include = "base.toml"       # optional: settings shared with other files (this file wins)
     seeds = 4                   # runs per grid cell
     [settings]                  # fixed values; a list or a range here is an axis too
     model = "prompt_attention"
@@ -21,212 +13,62 @@ times the seeds::
     d = [500, 1000, 2000]
     signal_norm = { start = 5, stop = 50, step = 5 }       # stop inclusive
     lr = { start = 1e-3, stop = 1e-1, num = 5, log = true }
-    [[cases]]                   # optional: settings that vary *together* (not a product);
-    d = 5000                    # the grid is cases x axes x seeds
+    [[cases]]                   # optional: settings that vary *together* (not a product)
+    d = 5000
     signal_norm = 5.0
-    [[cases]]
-    d = 2000
-    signal_norm = 20.0
     [regime]                    # thresholds of the benign / harmful / not_overfitting labels
     test_eps = 0.05
-    [plot]                      # heatmaps drawn after the sweep (optional)
+    [plot]                      # figures drawn after the sweep (optional)
     heatmaps = [{ x = "signal_norm", y = "d", value = "regime" }]
 
-Every problem is reported as a :class:`ConfigError` whose message names the field, the value and
-the fix; the CLI prints it on one line and exits with status 2.
+Every setting belongs to the models that declare it (``phasebo settings MODEL`` lists them); a
+setting the chosen model does not take is refused, naming the models that do. Every problem is a
+:class:`ConfigError` whose message names the field, the value and the fix; the CLI prints it on one
+line and exits with status 2.
+
+**Run identity.** A run is identified by its model's identity settings (every setting that changes
+its numbers: not the engine, what is recorded or the regime thresholds) and its seed. The 63-bit
+``run_id`` is a hash of them (:func:`run_ids`), and the run's random key is
+``fold_in(fold_in(PRNGKey(root_seed), hi32(run_id)), lo32(run_id))``. So a run's numbers do not
+depend on its position in the grid: growing a sweep (more seeds, more axis values), reordering
+its axes or splitting it into several files leaves every existing run unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import hashlib
 import itertools
+import json
 import math
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .registry import all_settings, get_model, models_using, resolve_engine
+from .settings import ConfigError, Setting, suggest
 
-class ConfigError(ValueError):
-    """A bad sweep file, setting or command-line value (message: field, value, fix)."""
-
-
-# --------------------------------------------------------------------------------------------
-# The settings registry
-# --------------------------------------------------------------------------------------------
+TOP_LEVEL_KEYS = ("name", "description", "include", "seeds", "settings", "axes", "cases",
+                  "regime", "plot", "refine")
+RUN_COLUMNS = ("seed", "run_id")
 
 
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    name: str
-    default: Any
-    type: type  # int, float, str, bool or tuple (tuple of str)
-    kind: str  # "static" | "swept" | "host"
-    doc: str
-    check: Callable[[Any], str | None] | None = None  # returns a problem description or None
-    choices: tuple | None = None
-
-
-SETTINGS: dict[str, Setting] = {}
-
-
-def register_setting(
-    name: str,
-    default: Any,
-    type_: type,
-    kind: str,
-    doc: str,
-    check: Callable[[Any], str | None] | None = None,
-    choices: Iterable | None = None,
-) -> Setting:
-    """Add a setting to the registry (models and engines call this at import time)."""
-    if kind not in ("static", "swept", "host"):
-        raise ValueError(f"kind must be static, swept or host, not {kind!r}")
-    s = Setting(name, default, type_, kind, doc, check, tuple(choices) if choices else None)
-    SETTINGS[name] = s
-    return s
-
-
-def _positive(v):
-    return None if v > 0 else "must be > 0"
-
-
-def _nonneg(v):
-    return None if v >= 0 else "must be >= 0"
-
-
-def _unit_interval(v):
-    return None if 0 <= v < 1 else "must be in [0, 1)"
-
-
-def _at_least(k):
-    def check(v):
-        return None if v >= k else f"must be >= {k}"
-
-    return check
-
-
-_S = register_setting
-_S("model", "prompt_attention", str, "static", "which model to train (see phasebo.MODELS)")
-_S("engine", "auto", str, "static", "simulation engine: direct (d-dimensional) or auto")
-_S("d", 2000, int, "static", "token dimension", _positive)
-_S("n", 20, int, "static", "training samples", _at_least(2))
-_S("n_test", 1000, int, "static", "independent clean test samples", _positive)
-_S("T", 8, int, "static", "tokens per sequence", _positive)
-_S("n_relevant", 1, int, "static", "Sakamoto layout: relevant tokens (first)", _positive)
-_S("n_weak", 1, int, "static", "Sakamoto layout: weakly relevant tokens, same class", _nonneg)
-_S("n_weak_opp", 1, int, "static", "Sakamoto layout: weakly relevant, opposite class", _nonneg)
-_S("signal_norm", 20.0, float, "swept", "signal norm ||mu||", _positive)
-_S("rho", 0.1, float, "swept", "Sakamoto weak-relevance factor rho", _nonneg)
-_S("sigma_eps", 1.0, float, "swept", "token noise standard deviation", _positive)
-_S("noise_ratio", 0.2, float, "swept", "label-noise ratio r (fraction) or eta (bernoulli)",
-   _unit_interval)
-_S("label_noise", "fraction", str, "static",
-   "fraction: k = ceil(n r) flips, floor(k/2) per class (as the paper's code); "
-   "bernoulli: each label flips with probability noise_ratio", choices=("fraction", "bernoulli"))
-_S("label_mode", "balanced", str, "static",
-   "balanced: first floor(n/2) samples y=+1, rest -1; iid: uniform labels",
-   choices=("balanced", "iid"))
-_S("lr", 5e-3, float, "swept", "gradient-descent step size", _positive)
-_S("steps", 1000, int, "static", "gradient-descent steps", _nonneg)
-_S("train", ("p",), tuple, "static", "trained parameters: p, or p and W")
-_S("W_init", "auto", str, "static",
-   "W when fixed or at step 0: identity, random (uniform on (-1/sqrt d, 1/sqrt d)) or auto "
-   "(identity when only p is trained, random when W is trained)",
-   choices=("auto", "identity", "random"))
-_S("init", "zero", str, "static", "initial trainable vectors: zero, or gaussian N(0, init_scale^2)",
-   choices=("zero", "gaussian"))
-_S("init_scale", 0.01, float, "swept", "standard deviation of a gaussian init", _nonneg)
-_S("dtype", "float32", str, "static", "floating-point precision", choices=("float32", "float64"))
-_S("test_mode", "projected", str, "static",
-   "projected: test tokens drawn as exact Gaussian projections on the query and head "
-   "(O(n_test T) per run); sampled: full d-dimensional test tokens",
-   choices=("projected", "sampled"))
-_S("record_every", 0, int, "static", "record dynamics every k steps (0: off)", _nonneg)
-_S("record_log", 0, int, "static", "record dynamics at about k log-spaced steps (0: off)",
-   _nonneg)
-_S("root_seed", 0, int, "host", "root PRNG seed; run keys are fold_in(root, run_id)", _nonneg)
-_S("test_eps", 0.05, float, "host", "regime: benign iff train acc = 1 and test acc >= 1 - test_eps",
-   _unit_interval)
-_S("train_acc_fit", 1.0, float, "host", "regime: train accuracy that counts as fitting all labels",
-   lambda v: None if 0 < v <= 1 else "must be in (0, 1]")
-
-# --------------------------------------------------------------------------------------------
-# Models and their static layout checks (registered by phasebo.train and friends)
-# --------------------------------------------------------------------------------------------
-
-# model name -> function(settings dict) raising ConfigError for a setting the model cannot take
-MODEL_CHECKS: dict[str, Callable[[dict], None]] = {}
-
-TOP_LEVEL_KEYS = ("name", "description", "seeds", "settings", "axes", "cases", "regime", "plot")
-
-
-def _suggest(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _known_list() -> str:
-    return ", ".join(sorted(SETTINGS))
-
-
-def coerce(name: str, value: Any, where: str = "") -> Any:
-    """Convert and validate one value of setting ``name``."""
-    if name not in SETTINGS:
-        raise ConfigError(
-            f"{where}unknown setting {name!r}{_suggest(name, SETTINGS)}; known settings: "
-            f"{_known_list()}"
-        )
-    s = SETTINGS[name]
-    fix = f"fix: {s.name} = {s.default!r} is the default ({s.doc})"
-    try:
-        if s.type is tuple:
-            if isinstance(value, str):
-                value = [v.strip() for v in value.replace("+", ",").split(",") if v.strip()]
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-                raise TypeError
-            out: Any = tuple(value)
-        elif s.type is bool:
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise TypeError
-                value = value.lower() in ("true", "1")
-            out = bool(value)
-        elif s.type is int:
-            if isinstance(value, bool):
-                raise TypeError
-            if isinstance(value, str):
-                value = float(value)
-            if isinstance(value, float):
-                if not value.is_integer():
-                    raise TypeError
-            out = int(value)
-        elif s.type is float:
-            if isinstance(value, bool):
-                raise TypeError
-            out = float(value)
-            if not math.isfinite(out):
-                raise ConfigError(f"{where}{name} = {value!r} must be finite; {fix}")
-        else:
-            if not isinstance(value, str):
-                raise TypeError
-            out = value
-    except (TypeError, ValueError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(
-            f"{where}{name} = {value!r} is not a valid {s.type.__name__}; {fix}"
-        ) from None
-    if s.choices is not None and out not in s.choices:
-        raise ConfigError(f"{where}{name} = {out!r} is not one of {list(s.choices)}; {fix}")
-    if s.check is not None:
-        problem = s.check(out)
-        if problem:
-            raise ConfigError(f"{where}{name} = {value!r} {problem}; {fix}")
-    return out
+def _setting(name: str, where: str) -> Setting:
+    table = all_settings()
+    if name in RUN_COLUMNS:
+        hint = "use seeds = N (or --seeds N)" if name == "seed" else "it is derived from the settings"
+        raise ConfigError(f"{where}{name!r} is set by the sweep itself; {hint}")
+    if name == "seeds":
+        raise ConfigError(f"{where}'seeds' is not a setting; fix: seeds = N at the top of the "
+                          "file, or --seeds N on the command line")
+    if name not in table:
+        raise ConfigError(f"{where}unknown setting {name!r}{suggest(name, table)}; see the "
+                          "settings with `phasebo settings` (known: " + ", ".join(sorted(table))
+                          + ")")
+    return table[name]
 
 
 def expand_range(name: str, spec: Mapping, where: str = "") -> list:
@@ -235,59 +77,51 @@ def expand_range(name: str, spec: Mapping, where: str = "") -> list:
     allowed = {"start", "stop", "step", "num", "log"}
     if keys - allowed:
         bad = sorted(keys - allowed)[0]
-        raise ConfigError(
-            f"{where}{name}: unknown range key {bad!r}; a range is "
-            "{start, stop, step} or {start, stop, num, log = true}"
-        )
+        raise ConfigError(f"{where}{name}: unknown range key {bad!r}; a range is "
+                          "{start, stop, step} or {start, stop, num, log = true}")
     if not {"start", "stop"} <= keys or ("step" in keys) == ("num" in keys):
-        raise ConfigError(
-            f"{where}{name} = {dict(spec)!r}: a range needs start, stop and exactly one of step "
-            "or num, e.g. {start = 5, stop = 100, step = 2.5}"
-        )
+        raise ConfigError(f"{where}{name} = {dict(spec)!r}: a range needs start, stop and exactly "
+                          "one of step or num, e.g. {start = 5, stop = 100, step = 2.5}")
     start, stop = spec["start"], spec["stop"]
-    is_int = SETTINGS[name].type is int if name in SETTINGS else False
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (start, stop)):
+        raise ConfigError(f"{where}{name}: range start and stop must be numbers")
+    is_int = all_settings().get(name) is not None and all_settings()[name].type is int
     if "step" in keys:
         step = spec["step"]
-        if not step or (stop - start) / step < 0:
-            raise ConfigError(
-                f"{where}{name}: range step {step!r} does not lead from {start!r} to {stop!r}"
-            )
+        if not isinstance(step, (int, float)) or not step or (stop - start) / step < 0:
+            raise ConfigError(f"{where}{name}: range step {step!r} does not lead from {start!r} "
+                              f"to {stop!r}")
         count = int(math.floor((stop - start) / step + 1e-9)) + 1
-        vals = [start + i * step for i in range(count)]
         # round away float drift such as 5 + 3 * 2.5 = 12.499999
-        vals = [round(v, 12) for v in vals]
+        vals = [round(start + i * step, 12) for i in range(count)]
     else:
         num = spec["num"]
-        if not isinstance(num, int) or num < 1:
+        if not isinstance(num, int) or isinstance(num, bool) or num < 1:
             raise ConfigError(f"{where}{name}: range num = {num!r} must be a positive integer")
         if spec.get("log", False):
             if start <= 0 or stop <= 0:
                 raise ConfigError(f"{where}{name}: a log range needs start and stop > 0")
-            vals = list(np.geomspace(start, stop, num))
+            vals = [float(v) for v in np.geomspace(start, stop, num)]
         else:
-            vals = list(np.linspace(start, stop, num))
-        vals = [float(v) for v in vals]
+            vals = [float(v) for v in np.linspace(start, stop, num)]
     if is_int:
         vals = sorted({int(round(v)) for v in vals})
     return vals
 
 
-def _axis_values(name: str, value: Any, where: str) -> list | None:
-    """A list or range -> axis values (None when the value is a single fixed value)."""
-    s = SETTINGS.get(name)
+def _axis_values(s: Setting, value: Any, where: str) -> list | None:
+    """A list or range -> axis values (None when the value is one fixed value)."""
     if isinstance(value, Mapping):
-        vals = expand_range(name, value, where)
-    elif isinstance(value, (list, tuple)) and not (
-        s is not None and s.type is tuple and all(isinstance(v, str) for v in value)
-    ):
-        vals = list(value)
-    elif s is not None and s.type is tuple and isinstance(value, (list, tuple)) and value and \
-            all(isinstance(v, (list, tuple)) for v in value):
+        vals = expand_range(s.name, value, where)
+    elif isinstance(value, (list, tuple)):
+        list_valued = s.type in (tuple, "ints")
+        if list_valued and not (value and all(isinstance(v, (list, tuple)) for v in value)):
+            return None  # one list-valued value, e.g. train = ["p", "W"]
         vals = list(value)
     else:
         return None
     if not vals:
-        raise ConfigError(f"{where}axis {name!r} is empty; give at least one value")
+        raise ConfigError(f"{where}axis {s.name!r} is empty; give at least one value")
     return vals
 
 
@@ -297,8 +131,18 @@ def _axis_values(name: str, value: Any, where: str) -> list | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Cell:
+    """A combination of the static settings (and the case's values): the runs of a cell differ
+    only in the swept axes and the seed."""
+
+    settings: dict  # every setting given or defaulted, resolved (swept axes at their first value)
+    swept_axes: tuple  # names of the axes that vary inside the cell (not static)
+    given: frozenset  # the setting names the sweep gives for this cell
+
+
+@dataclasses.dataclass(frozen=True)
 class SweepSpec:
-    """A parsed, validated sweep: fixed settings, axes (ordered) and seeds."""
+    """A parsed, validated sweep: fixed settings, axes (ordered), cases and seeds."""
 
     name: str
     fixed: dict[str, Any]
@@ -307,92 +151,126 @@ class SweepSpec:
     plot: dict = dataclasses.field(default_factory=dict)
     description: str = ""
     cases: tuple = ({},)  # settings that vary together; the grid is cases x axes x seeds
-
-    def runs(self) -> list[dict[str, Any]]:
-        """The grid: one dict of *all* settings per run, with ``run_id`` and ``seed``.
-
-        Order: cases (slowest), then axes in file order, seeds fastest. ``run_id`` is the
-        position.
-        """
-        base = {name: s.default for name, s in SETTINGS.items()}
-        base.update(self.fixed)
-        names = list(self.axes)
-        out = []
-        run_id = 0
-        for case in self.cases:
-            for combo in itertools.product(*(self.axes[a] for a in names)):
-                for seed in range(self.seeds):
-                    r = dict(base)
-                    r.update(case)
-                    r.update(zip(names, combo))
-                    r["seed"] = seed
-                    r["run_id"] = run_id
-                    run_id += 1
-                    out.append(r)
-        return out
+    refine: dict = dataclasses.field(default_factory=dict)
 
     @property
     def n_runs(self) -> int:
         return len(self.cases) * self.seeds * math.prod(len(v) for v in self.axes.values())
 
+    def static_axes(self) -> list[str]:
+        table = all_settings()
+        return [a for a in self.axes if table[a].kind == "static"]
+
+    def swept_axes(self) -> list[str]:
+        table = all_settings()
+        return [a for a in self.axes if table[a].kind != "static"]
+
+    def runs_per_cell(self) -> int:
+        return self.seeds * math.prod(len(self.axes[a]) for a in self.swept_axes())
+
+    def cells(self) -> Iterator[Cell]:
+        """Cases (slowest), then the static axes in file order."""
+        static = self.static_axes()
+        swept = tuple(self.swept_axes())
+        for case in self.cases:
+            names = frozenset(self.fixed) | frozenset(case) | frozenset(self.axes)
+            for combo in itertools.product(*(self.axes[a] for a in static)):
+                given = {**self.fixed, **case, **dict(zip(static, combo)),
+                         **{a: self.axes[a][0] for a in swept}}
+                yield Cell(resolve(given), swept, names)
+
+    def values(self, name: str) -> list:
+        """Every value ``name`` takes in this sweep (fixed, per case, or axis)."""
+        if name in self.axes:
+            return list(self.axes[name])
+        vals = [c[name] for c in self.cases if name in c]
+        if name in self.fixed and len(vals) < len(self.cases):
+            vals.append(self.fixed[name])
+        return vals
+
+    def setting_names(self) -> set[str]:
+        return set(self.fixed) | set(self.axes) | {k for c in self.cases for k in c}
+
     def to_dict(self) -> dict:
         d = {"name": self.name, "fixed": self.fixed, "axes": self.axes, "seeds": self.seeds}
         if self.cases != ({},):
             d["cases"] = list(self.cases)
-        return d
+        if self.refine:
+            d["refine"] = self.refine
+        return json.loads(json.dumps(d, default=list))
 
 
-def _validate_run(r: dict) -> None:
-    model = r["model"]
-    if model not in MODEL_CHECKS:
-        raise ConfigError(
-            f"model = {model!r} is not a known model{_suggest(model, MODEL_CHECKS)}; "
-            f"known models: {', '.join(sorted(MODEL_CHECKS))}"
-        )
-    MODEL_CHECKS[model](r)
+def resolve(given: Mapping[str, Any]) -> dict:
+    """A run's full settings: its model's defaults, then ``given``."""
+    model = get_model(given.get("model", "prompt_attention"))
+    out = {k: s.default for k, s in model.settings.items()}
+    out.update(given)
+    return out
 
 
-def build_spec(
-    raw: Mapping[str, Any],
-    name: str,
-    overrides: Mapping[str, Any] | None = None,
-    seeds: int | None = None,
-    where: str = "",
-) -> SweepSpec:
+def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> dict:
+    """Every given setting belongs to the model, the model's checks pass, an engine can run it;
+    returns the settings of the model (those it does not take dropped)."""
+    model = get_model(settings["model"])
+    for k in sorted(given):
+        if k not in model.settings:
+            users = models_using(k)
+            raise ConfigError(
+                f"{where}{k} = {settings.get(k)!r} is not a setting of model {model.name!r} (it "
+                f"would be ignored); it belongs to {', '.join(users) or 'no model'}; fix: remove "
+                "it, or set it in [[cases]] together with model = one of those")
+    own = {k: v for k, v in settings.items() if k in model.settings}
+    for k in sorted(given):
+        req = model.settings[k].requires
+        if req is not None and own.get(req[0]) != req[1]:
+            raise ConfigError(
+                f"{where}{k} = {own[k]!r} has no effect unless {req[0]} = {_toml(req[1])} (it is "
+                f"{_toml(own.get(req[0]))}); fix: set {req[0]} = {_toml(req[1])}, or remove {k}")
+    model.check(own)
+    resolve_engine(model, model.static_of(own))
+    return own
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v) if isinstance(v, str) else repr(v)
+
+
+def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] | None = None,
+               seeds: int | None = None, where: str = "") -> SweepSpec:
     """Validate a parsed sweep file (plus ``--set`` overrides) into a :class:`SweepSpec`."""
     for key in raw:
         if key not in TOP_LEVEL_KEYS:
-            hint = _suggest(key, TOP_LEVEL_KEYS)
-            if key in SETTINGS:
+            hint = suggest(key, TOP_LEVEL_KEYS)
+            if key in all_settings():
                 hint = f" (settings go under [settings] or [axes]: put {key} there)"
-            raise ConfigError(
-                f"{where}unknown top-level key {key!r}{hint}; allowed: {', '.join(TOP_LEVEL_KEYS)}"
-            )
+            raise ConfigError(f"{where}unknown top-level key {key!r}{hint}; allowed: "
+                              f"{', '.join(TOP_LEVEL_KEYS)}")
     name = str(raw.get("name", name))
     fixed: dict[str, Any] = {}
     axes: dict[str, list] = {}
+    origin: dict[str, str] = {}
 
-    def add(key: str, value: Any, section: str, force_axis: bool = False):
-        w = f"{where}[{section}] "
-        if key in ("seed", "run_id"):
-            raise ConfigError(f"{w}{key!r} is set by the sweep itself; use seeds = N instead")
-        if key not in SETTINGS:
-            raise ConfigError(
-                f"{w}unknown setting {key!r}{_suggest(key, SETTINGS)}; known settings: "
-                f"{_known_list()}"
-            )
-        vals = _axis_values(key, value, w)
+    def add(key: str, value: Any, section: str, force_axis: bool = False, replace=False):
+        w = f"{where}[{section}] " if section != "--set" else "--set "
+        s = _setting(key, w)
+        if key in origin and not replace:
+            raise ConfigError(f"{w}{key!r} is also given in [{origin[key]}]; give it once: a "
+                              "fixed value under [settings] or a list under [axes]")
+        vals = _axis_values(s, value, w)
         if vals is None and force_axis:
             vals = [value]
         if vals is None:
-            fixed[key] = coerce(key, value, w)
+            fixed[key] = s.coerce(value, w)
             axes.pop(key, None)
         else:
-            coerced = [coerce(key, v, w) for v in vals]
+            coerced = [s.coerce(v, w) for v in vals]
             if len(set(map(repr, coerced))) != len(coerced):
                 raise ConfigError(f"{w}axis {key!r} repeats a value: {vals!r}")
             axes[key] = coerced
             fixed.pop(key, None)
+        origin[key] = section
 
     for section in ("settings", "axes"):
         block = raw.get(section, {})
@@ -400,35 +278,37 @@ def build_spec(
             raise ConfigError(f"{where}[{section}] must be a table of setting = value")
         for k, v in block.items():
             add(k, v, section, force_axis=(section == "axes"))
+    regime = raw.get("regime", {})
+    if not isinstance(regime, Mapping):
+        raise ConfigError(f"{where}[regime] must be a table")
+    for k, v in regime.items():
+        if k not in ("test_eps", "train_acc_fit"):
+            raise ConfigError(f"{where}[regime] unknown key {k!r}"
+                              f"{suggest(k, ['test_eps', 'train_acc_fit'])}; allowed: test_eps, "
+                              "train_acc_fit")
+        add(k, v, "regime")
     cases_raw = raw.get("cases", [{}])
     if not isinstance(cases_raw, list) or not cases_raw or \
             not all(isinstance(c, Mapping) for c in cases_raw):
         raise ConfigError(f"{where}cases must be a non-empty list of tables ([[cases]] blocks)")
+    overrides = dict(overrides or {})
     cases: list[dict] = []
     for i, c in enumerate(cases_raw):
         w = f"{where}[[cases]] #{i + 1} "
         case = {}
         for k, v in c.items():
-            if k not in SETTINGS:
-                raise ConfigError(f"{w}unknown setting {k!r}{_suggest(k, SETTINGS)}; known "
-                                  f"settings: {_known_list()}")
-            if k in axes:
-                raise ConfigError(f"{w}{k!r} is also an axis; set it either per case or as an axis")
-            if _axis_values(k, v, w) is not None:
-                raise ConfigError(f"{w}{k} = {v!r}: a case holds single values; use [axes] for lists")
-            case[k] = coerce(k, v, w)
+            s = _setting(k, w)
+            if k in axes and k not in overrides:
+                raise ConfigError(f"{w}{k!r} is also an axis; set it either per case or as an "
+                                  "axis")
+            if _axis_values(s, v, w) is not None:
+                raise ConfigError(f"{w}{k} = {v!r}: a case holds single values; use [axes] for "
+                                  "lists")
+            case[k] = s.coerce(v, w)
             fixed.pop(k, None)
         cases.append(case)
-    regime = raw.get("regime", {})
-    for k, v in regime.items():
-        if k not in ("test_eps", "train_acc_fit"):
-            raise ConfigError(
-                f"{where}[regime] unknown key {k!r}{_suggest(k, ['test_eps', 'train_acc_fit'])}; "
-                "allowed: test_eps, train_acc_fit"
-            )
-        add(k, v, "regime")
-    for k, v in (overrides or {}).items():
-        add(k, v, "--set")
+    for k, v in overrides.items():
+        add(k, v, "--set", replace=True)
         for case in cases:  # --set wins over a per-case value
             case.pop(k, None)
     n_seeds = raw.get("seeds", 1) if seeds is None else seeds
@@ -438,18 +318,24 @@ def build_spec(
     plot = raw.get("plot", {})
     if not isinstance(plot, Mapping):
         raise ConfigError(f"{where}[plot] must be a table")
+    refine = raw.get("refine", {})
+    if not isinstance(refine, Mapping):
+        raise ConfigError(f"{where}[refine] must be a table")
     spec = SweepSpec(name=name, fixed=fixed, axes=axes, seeds=n_seeds, plot=dict(plot),
-                     description=str(raw.get("description", "")), cases=tuple(cases))
-    # Validate every distinct combination of static settings once, and swept values per axis:
-    # a layout problem must surface before anything compiles.
-    seen = set()
-    for r in spec.runs()[:: spec.seeds]:
-        key = tuple((k, repr(r[k])) for k in sorted(r) if k not in ("seed", "run_id"))
-        if key in seen:
-            continue
-        seen.add(key)
-        _validate_run(r)
+                     description=str(raw.get("description", "")), cases=tuple(cases),
+                     refine=dict(refine))
+    validate(spec, where)
     return spec
+
+
+def validate(spec: SweepSpec, where: str = "") -> None:
+    """Check every cell once (a layout or engine problem surfaces before anything compiles)."""
+    seen = set()
+    for cell in spec.cells():
+        key = (cell.given, tuple(sorted((k, repr(v)) for k, v in cell.settings.items())))
+        if key not in seen:
+            seen.add(key)
+            check_cell(cell.settings, cell.given, where)
 
 
 def parse_set(items: Iterable[str]) -> dict[str, Any]:
@@ -461,11 +347,7 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
         key, text = (x.strip() for x in item.split("=", 1))
         if not key:
             raise ConfigError(f"--set {item!r}: the key is empty; expected key=value")
-        if key not in SETTINGS:
-            raise ConfigError(
-                f"--set: unknown setting {key!r}{_suggest(key, SETTINGS)}; known settings: "
-                f"{_known_list()}"
-            )
+        _setting(key, "--set ")
         try:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
@@ -474,33 +356,62 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def load_sweep(
-    path: str | Path,
-    overrides: Mapping[str, Any] | None = None,
-    seeds: int | None = None,
-) -> SweepSpec:
-    """Read and validate a sweep file."""
+def read_sweep_file(path: str | Path, _seen: tuple = ()) -> dict:
+    """The raw TOML of a sweep file with its ``include`` files merged under it."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"sweep file {str(path)!r} does not exist; see sweeps/ for examples")
     if path.is_dir():
         raise ConfigError(f"sweep file {str(path)!r} is a directory; give a .toml file")
+    if path.resolve() in _seen:
+        raise ConfigError(f"sweep file {str(path)!r} includes itself (through {_seen[-1].name})")
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"sweep file {str(path)!r} does not parse as TOML: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"sweep file {str(path)!r} is not UTF-8 text") from None
+    inc = raw.pop("include", None)
+    if inc is None:
+        return raw
+    incs = [inc] if isinstance(inc, str) else inc
+    if not isinstance(incs, list) or not all(isinstance(i, str) for i in incs):
+        raise ConfigError(f"{path.name}: include = {inc!r} must be a file name or a list of them")
+    base: dict = {}
+    for i in incs:
+        sub = read_sweep_file(path.parent / i, (*_seen, path.resolve()))
+        base = _merge(base, sub)
+    base.pop("name", None)  # the including file names the sweep
+    return _merge(base, raw)
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        if k in ("settings", "axes", "regime", "plot", "refine") and isinstance(v, Mapping):
+            merged = dict(out.get(k, {}))
+            merged.update(v)
+            if k in ("settings", "axes"):  # a key moved between settings and axes: the top wins
+                other = "axes" if k == "settings" else "settings"
+                for kk in v:
+                    if kk in out.get(other, {}) and kk not in top.get(other, {}):
+                        out[other] = {a: b for a, b in out[other].items() if a != kk}
+            out[k] = merged
+        else:
+            out[k] = v
+    return out
+
+
+def load_sweep(path: str | Path, overrides: Mapping[str, Any] | None = None,
+               seeds: int | None = None) -> SweepSpec:
+    """Read and validate a sweep file."""
+    path = Path(path)
+    raw = read_sweep_file(path)
     return build_spec(raw, path.stem, overrides, seeds, where=f"{path.name}: ")
 
 
-def spec_from_dict(
-    settings: Mapping[str, Any] | None = None,
-    axes: Mapping[str, Any] | None = None,
-    seeds: int = 1,
-    name: str = "sweep",
-    **extra,
-) -> SweepSpec:
+def spec_from_dict(settings: Mapping[str, Any] | None = None, axes: Mapping[str, Any] | None = None,
+                   seeds: int = 1, name: str = "sweep", **extra) -> SweepSpec:
     """Build a sweep in Python: ``spec_from_dict({"n": 20}, {"d": [500, 1000]}, seeds=4)``."""
     raw = {"name": name, "settings": dict(settings or {}), "axes": dict(axes or {}),
            "seeds": seeds, **extra}
@@ -508,56 +419,71 @@ def spec_from_dict(
 
 
 # --------------------------------------------------------------------------------------------
-# Static configuration of one compiled group
+# Run identity: ids and keys
 # --------------------------------------------------------------------------------------------
 
-
-def static_key(run: Mapping[str, Any]) -> tuple:
-    """The static settings of a run, as a hashable, sorted tuple (the compile-group key)."""
-    return tuple((k, run[k]) for k in sorted(run) if k in SETTINGS and SETTINGS[k].kind == "static")
+_MASK63 = np.uint64((1 << 63) - 1)
 
 
-def swept_names() -> list[str]:
-    return sorted(k for k, s in SETTINGS.items() if s.kind == "swept")
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = np.asarray(x, np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
-@dataclasses.dataclass(frozen=True)
-class Static:
-    """Hashable static configuration of one compile group; attribute access to its settings."""
-
-    items: tuple
-
-    def __getattr__(self, name):
-        for k, v in self.items:
-            if k == name:
-                return v
-        raise AttributeError(name)
-
-    def asdict(self) -> dict:
-        return dict(self.items)
-
-    def replace(self, **kw) -> Static:
-        d = self.asdict()
-        d.update(kw)
-        return Static(tuple(sorted(d.items())))
+def _hash64(text: str) -> np.uint64:
+    return np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], np.uint64)[0]
 
 
-def make_static(run: Mapping[str, Any] | None = None, **kw) -> Static:
-    """A :class:`Static` from a run dict (defaults filled in) and keyword overrides."""
-    base = {name: s.default for name, s in SETTINGS.items()}
-    base.update(run or {})
-    base.update(kw)
-    return Static(static_key(base))
+def value_bits(s: Setting, values) -> np.ndarray:
+    """64-bit codes of a setting's values: float64 bits, int64, or a hash (str, lists)."""
+    if s.type is float:
+        return np.asarray(values, np.float64).view(np.uint64)
+    if s.type in (int, bool):
+        return np.asarray(values, np.int64).view(np.uint64)
+    return np.asarray([_hash64(json.dumps(list(v) if isinstance(v, tuple) else v))
+                       for v in values], np.uint64)
 
 
-def record_steps(steps: int, every: int, log: int) -> tuple[int, ...]:
-    """Steps (0..steps inclusive) at which dynamics are recorded."""
-    pts: set[int] = set()
-    if every:
-        pts.update(range(0, steps + 1, every))
-        pts.add(steps)
-    if log:
-        pts.add(0)
-        pts.update(int(v) for v in np.unique(np.round(np.geomspace(1, max(steps, 1), log))))
-        pts.add(steps)
-    return tuple(sorted(p for p in pts if 0 <= p <= steps))
+def setting_terms(model, name: str, values) -> np.ndarray:
+    """The terms ``g(name, value)`` whose sum (mod 2^64) identifies a run's settings."""
+    s = model.settings[name]
+    with np.errstate(over="ignore"):
+        return _splitmix(_splitmix(np.asarray([_hash64(name)], np.uint64)) ^ value_bits(s, values))
+
+
+def identity_names(model) -> list[str]:
+    return sorted(k for k, s in model.settings.items() if s.identity)
+
+
+def run_ids(model, constant: dict, varying: dict[str, np.ndarray], seeds: np.ndarray) -> np.ndarray:
+    """``run_id`` (int64, 63 bits) of runs with settings ``constant`` plus ``varying`` (arrays
+    over runs) and seed indices ``seeds``: a hash of every identity setting and the seed,
+    independent of which settings were axes."""
+    total = np.zeros(len(seeds), np.uint64)
+    with np.errstate(over="ignore"):
+        for name in identity_names(model):
+            if name in varying:
+                total = total + setting_terms(model, name, varying[name])
+            else:
+                total = total + setting_terms(model, name, [constant[name]])[0]
+        seed_term = _splitmix(np.asarray(seeds, np.uint64) + np.uint64(0x5EED))
+        return (_splitmix(total ^ seed_term) & _MASK63).astype(np.int64)
+
+
+def key_words(run_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two 32-bit words of ``run_id`` that are folded into the root key."""
+    u = np.asarray(run_id, np.int64).view(np.uint64)
+    return (u >> np.uint64(32)).astype(np.uint32), (u & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+def run_key(root_seed, hi, lo):
+    """``fold_in(fold_in(PRNGKey(root_seed), hi), lo)``: traceable, vmappable."""
+    import jax
+
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(root_seed), hi), lo)
+

@@ -1,32 +1,54 @@
-"""Token distributions, label noise and test sets.
+"""Token distributions, label noise and exact test sets of both papers.
 
-Sakamoto & Sato layout (SPEC §1). Signals ``mu_+ = ||mu|| e1``, ``mu_- = ||mu|| e2``; every token
-carries isotropic noise ``eps ~ N(0, sigma_eps^2 I_d)``. For a sample with clean label ``y~``:
+**Labels** (:func:`draw_labels`). Clean labels ``y~`` are ``balanced`` (first ``floor(n/2)`` samples
+``+1``, the rest ``-1``, as Sakamoto & Sato's code) or ``iid`` (uniform). Label noise flips
+``fraction``: ``floor(k/2)`` samples of each clean class with ``k = ceil(n r)`` (the paper's code;
+the first ones of each class, a uniformly random choice because samples are i.i.d.);
+``fixed_count``: ``k = ceil(n r)`` samples at uniformly random positions (the paper's first
+version, with iid labels); ``bernoulli``: each label with probability ``r`` (Magen et al.).
 
-- tokens ``[0, n_relevant)`` are *relevant*: ``mu_{y~} + eps``;
-- the next ``n_weak`` are *weakly relevant*: ``rho mu_{y~} + eps``;
-- the next ``n_weak_opp`` are *weakly relevant, opposite class*: ``rho mu_{-y~} + eps``;
-- the rest are *irrelevant*: ``eps``.
+**Sakamoto & Sato** (``sakamoto``). Signals ``mu_+ = ||mu|| e1``, ``mu_- = ||mu|| e2``; every token
+carries isotropic noise ``eps ~ N(0, sigma_eps^2 I_d)``. For a sample of clean label ``y~``: tokens
+``[0, n_relevant)`` are *relevant* ``mu_{y~} + eps``; the next ``n_weak`` *weakly relevant*
+``rho mu_{y~} + eps``; the next ``n_weak_opp`` *weakly relevant, opposite class*
+``rho mu_{-y~} + eps``; the rest *irrelevant* ``eps``.
 
-Shapes: a training set is ``X: (n, T, d)``; its signal part is kept separately as coordinates on
-``(e1, e2)``, ``signal: (n, T, 2)``, which is all the projected test set and the span-of-tokens
-engines need.
+**Magen et al.** (``magen``). Token 0 is the signal token ``mu_{y~}`` (``mu_1 = rho e1``,
+``mu_2 = rho e2`` with ``rho`` the setting ``signal_norm``), noise-free unless ``signal_noise``;
+tokens ``1..T-1`` are noise ``sigma_eps xi`` with ``xi ~ N(0, I - mu_1 mu_1^T/rho^2 -
+mu_2 mu_2^T/rho^2)`` (``noise_mode = "projected"``: isotropic noise with coordinates 0, 1 zeroed,
+never a d x d covariance) or ``N(0, I)`` (``"isotropic"``).
 
-Labels: ``balanced`` (first ``floor(n/2)`` samples ``y~ = +1``, the rest ``-1``, as the paper's code)
-or ``iid`` (uniform). Label noise: ``fraction`` flips ``floor(k/2)`` samples of each clean class with
-``k = ceil(n r)`` (the paper's code; the flips are the first ones of each class, which is a uniformly
-random choice because samples are i.i.d.), or ``bernoulli`` flips each label with probability ``r``.
+Shapes: a set is ``X: (n, T, d)`` with its signal part kept separately as coordinates on
+``(e1, e2)``, ``signal: (n, T, 2)``, which is all an exact projected test set needs.
+
+**Exact projected test sets.** A fresh token ``x = s + eps`` has ``s`` in span(e1, e2); for fixed
+vectors ``a, b``, ``(eps.a, eps.b)`` is Gaussian with covariance ``sigma^2 Gram(P a, P b)`` (``P``
+the projector of the noise), so two standard normals per token replace ``d``
+(:func:`gaussian_pair`). Cost ``O(n_test T)`` instead of ``O(n_test T d)``.
+
+**Reduced samplers** (for the ``reduced`` engine). The noise of the ``N = nT`` training tokens is
+split into its e1, e2 coordinates (drawn explicitly) and its complement in the other ``d - 2``
+dimensions, represented exactly in distribution by a Bartlett factor ``sigma L`` of
+``Wishart(d - 2, I_N)`` (:mod:`phasebo.engines.wishart`): in a Haar-random orthonormal basis of
+their span the complements *are* the rows of ``sigma L``. A token becomes a vector of
+``R^{2 + m + r}``, ``m = min(N, d - 2)``; the last ``r`` coordinates hold the parts of a Gaussian
+initialisation orthogonal to every token. ``d`` enters only as chi-square degrees of freedom,
+read from the traced value ``sw["dim"]``, so the compiled program is the same for every ``d``
+above :func:`reduced_d`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
+
+from .engines.wishart import bartlett_factor, factor_width, n_normals, residual_norm
+from .settings import ConfigError, Setting, nonneg, positive
 
 ROLE_NAMES = ("rel", "weak", "weak_opp", "irr")
 RELEVANT, WEAK, WEAK_OPP, IRRELEVANT = range(4)
@@ -40,21 +62,30 @@ class Batch(NamedTuple):
     y: jax.Array  # (n,) observed labels in {-1, +1} (float)
     y_clean: jax.Array  # (n,) clean labels
     flipped: jax.Array  # (n,) bool
+    z: jax.Array | None = None  # standard normals of an exact projected test set, drawn once
 
 
-def token_roles(T: int, n_relevant: int, n_weak: int, n_weak_opp: int) -> np.ndarray:
-    """Role code per token position (0 relevant, 1 weak, 2 weak opposite, 3 irrelevant)."""
-    roles = np.full(T, IRRELEVANT, dtype=np.int32)
-    roles[:n_relevant] = RELEVANT
-    roles[n_relevant : n_relevant + n_weak] = WEAK
-    roles[n_relevant + n_weak : n_relevant + n_weak + n_weak_opp] = WEAK_OPP
-    return roles
+# --------------------------------------------------------------------------------------------
+# Labels
+# --------------------------------------------------------------------------------------------
 
 
-def n_flip_per_class(n: int, noise_ratio: float) -> int:
-    """``floor(ceil(n r) / 2)``, computed exactly on the host (20 * 0.2 must give 4, not 5)."""
-    k = math.ceil(round(n * noise_ratio, 9))
-    return k // 2
+def n_flips(n, noise_ratio):
+    """``k = ceil(n r)``, computed exactly on the host (20 * 0.2 must give 4, not 5); vectorised."""
+    r = np.asarray(noise_ratio, np.float64)
+    return np.ceil(np.round(n * r, 9)).astype(np.int32)
+
+
+def n_flip_per_class(n: int, noise_ratio) -> int | np.ndarray:
+    """``floor(ceil(n r) / 2)``: the flips per clean class of the ``fraction`` mode."""
+    k = n_flips(n, noise_ratio) // 2
+    return int(k) if np.ndim(k) == 0 else k
+
+
+def label_values(n: int, noise_ratio) -> dict:
+    """Host-computed traced values for :func:`draw_labels` (vectorised over ``noise_ratio``)."""
+    k = n_flips(n, noise_ratio)
+    return {"n_flip": k, "n_flip_per_class": k // 2}
 
 
 def clean_labels(key: jax.Array, n: int, mode: str, dtype) -> jax.Array:
@@ -63,15 +94,18 @@ def clean_labels(key: jax.Array, n: int, mode: str, dtype) -> jax.Array:
     return jnp.where(jr.bernoulli(key, 0.5, (n,)), 1.0, -1.0).astype(dtype)
 
 
-def flip_mask(
-    key: jax.Array, y_clean: jax.Array, mode: str, noise_ratio: jax.Array, per_class: jax.Array
-) -> jax.Array:
-    """Which labels flip: ``per_class`` first samples of each clean class, or Bernoulli(r)."""
+def flip_mask(key: jax.Array, y_clean: jax.Array, mode: str, sw: dict) -> jax.Array:
+    """Which labels flip (see the module docstring for the three modes)."""
     if mode == "bernoulli":
-        return jr.bernoulli(key, noise_ratio, y_clean.shape)
+        return jr.bernoulli(key, sw["noise_ratio"], y_clean.shape)
+    if mode == "fixed_count":
+        u = jr.uniform(key, y_clean.shape)
+        rank = jnp.argsort(jnp.argsort(u))  # a uniformly random ranking of the samples
+        return rank < sw["n_flip"].astype(rank.dtype)
+    per_class = sw["n_flip_per_class"]
     pos = y_clean > 0
-    rank_pos = jnp.cumsum(pos) - 1  # index of a sample among its class
-    rank_neg = jnp.cumsum(~pos) - 1
+    rank_pos = jnp.cumsum(pos, dtype=jnp.int32) - 1  # index of a sample among its class
+    rank_neg = jnp.cumsum(~pos, dtype=jnp.int32) - 1
     return jnp.where(pos, rank_pos < per_class, rank_neg < per_class)
 
 
@@ -84,8 +118,81 @@ def draw_labels(
     if label_noise is None:
         flipped = jnp.zeros(n, bool)
     else:
-        flipped = flip_mask(k_flip, y_clean, label_noise, sw["noise_ratio"], sw["n_flip_per_class"])
+        flipped = flip_mask(k_flip, y_clean, label_noise, sw)
     return jnp.where(flipped, -y_clean, y_clean), y_clean, flipped
+
+
+def embed_signal(signal: jax.Array, d: int) -> jax.Array:
+    """Signal coordinates ``(..., 2)`` -> vectors ``(..., d)`` on the first two axes."""
+    pad = [(0, 0)] * (signal.ndim - 1) + [(0, d - 2)]
+    return jnp.pad(signal, pad)
+
+
+def project_off_signal(noise: jax.Array) -> jax.Array:
+    """``(I - e1 e1^T - e2 e2^T) xi``: the projection off span(e1, e2) (zero coordinates 0, 1)."""
+    return noise.at[..., :2].set(0.0)
+
+
+def gaussian_pair(z: jax.Array, aa, ab, bb) -> tuple[jax.Array, jax.Array]:
+    """``(g.a, g.b)`` for ``g ~ N(0, I)`` from standard normals ``z: (..., 2)``, given the Gram
+    entries ``a.a, a.b, b.b`` (broadcastable to ``z[..., 0]``); exact and safe when ``a = 0``."""
+    na = jnp.sqrt(aa)
+    safe = jnp.where(na > 0, na, 1.0)
+    b_par = jnp.where(na > 0, ab / safe, 0.0)
+    b_perp = jnp.sqrt(jnp.maximum(bb - b_par**2, 0.0))
+    return na * z[..., 0], b_par * z[..., 0] + b_perp * z[..., 1]
+
+
+def projection_normals(key: jax.Array, shape, dtype) -> jax.Array:
+    """The ``(n_test, T, 2)`` standard normals of an exact projected test set: drawn once per run,
+    so every recorded step scores the same test set."""
+    return jr.normal(jr.fold_in(key, 1), (*shape, 2), dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Sakamoto & Sato
+# --------------------------------------------------------------------------------------------
+
+
+def _sakamoto_check(r: dict) -> None:
+    T, nr, nw, nwo = r["T"], r["n_relevant"], r["n_weak"], r["n_weak_opp"]
+    if T < 3:
+        raise ConfigError(
+            f"T = {T} is too small for the Sakamoto layout (relevant, weak, weak-opposite and "
+            "irrelevant tokens); fix: T >= 3 (the paper uses T = 8)")
+    if nr + nw + nwo > T:
+        raise ConfigError(
+            f"n_relevant + n_weak + n_weak_opp = {nr + nw + nwo} exceeds T = {T}; fix: raise T or "
+            "lower the role counts")
+    if r["d"] < 3:
+        raise ConfigError(f"d = {r['d']} must be >= 3 (the signals live on e1 and e2)")
+
+
+SAKAMOTO_SETTINGS = (
+    Setting("d", 2000, int, "static", "token dimension", positive),
+    Setting("T", 8, int, "static", "tokens per sequence", positive),
+    Setting("n_relevant", 1, int, "static", "Sakamoto layout: relevant tokens (first)", positive),
+    Setting("n_weak", 1, int, "static", "Sakamoto layout: weakly relevant tokens, same class",
+            nonneg),
+    Setting("n_weak_opp", 1, int, "static", "Sakamoto layout: weakly relevant, opposite class",
+            nonneg),
+    Setting("signal_norm", 20.0, float, "swept", "signal norm ||mu||", positive),
+    Setting("rho", 0.1, float, "swept", "Sakamoto weak-relevance factor rho", nonneg),
+    Setting("sigma_eps", 1.0, float, "swept", "token noise standard deviation", positive),
+)
+
+
+def token_roles(T: int, n_relevant: int, n_weak: int, n_weak_opp: int) -> np.ndarray:
+    """Role code per token position (0 relevant, 1 weak, 2 weak opposite, 3 irrelevant)."""
+    roles = np.full(T, IRRELEVANT, dtype=np.int32)
+    roles[:n_relevant] = RELEVANT
+    roles[n_relevant : n_relevant + n_weak] = WEAK
+    roles[n_relevant + n_weak : n_relevant + n_weak + n_weak_opp] = WEAK_OPP
+    return roles
+
+
+def sakamoto_roles(static) -> np.ndarray:
+    return token_roles(static.T, static.n_relevant, static.n_weak, static.n_weak_opp)
 
 
 def sakamoto_signal(
@@ -102,22 +209,9 @@ def sakamoto_signal(
     return signal_norm * scale[None, :, None] * direction
 
 
-def embed_signal(signal: jax.Array, d: int) -> jax.Array:
-    """Signal coordinates ``(..., 2)`` -> vectors ``(..., d)`` on the first two axes."""
-    pad = [(0, 0)] * (signal.ndim - 1) + [(0, d - 2)]
-    return jnp.pad(signal, pad)
-
-
 def sakamoto_sample(
-    key: jax.Array,
-    n: int,
-    d: int | None,
-    roles: np.ndarray,
-    sw: dict,
-    *,
-    label_mode: str,
-    label_noise: str | None,
-    dtype,
+    key: jax.Array, n: int, d: int | None, roles: np.ndarray, sw: dict, *, label_mode: str,
+    label_noise: str | None, dtype, noise_mode: str = "isotropic",
 ) -> Batch:
     """Draw ``n`` Sakamoto sequences. ``d=None`` skips the d-dimensional noise (projections only);
     ``label_noise=None`` keeps the labels clean (test sets)."""
@@ -129,30 +223,225 @@ def sakamoto_sample(
     X = None
     if d is not None:
         noise = sw["sigma_eps"] * jr.normal(k_noise, (n, T, d), dtype)
+        if noise_mode == "projected":
+            noise = project_off_signal(noise)
         X = noise + embed_signal(signal, d)
     return Batch(X, signal, y, y_clean, flipped)
 
 
 def projected_scores(
-    key: jax.Array, signal: jax.Array, q: jax.Array, nu: jax.Array, sigma: jax.Array
+    z: jax.Array, signal: jax.Array, q: jax.Array, nu: jax.Array, sigma: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Exact draw of fresh tokens' attention logits ``x.q`` and head scores ``x.nu``.
+    """Exact fresh tokens' attention logits ``x.q`` and head scores ``x.nu`` (isotropic noise).
 
-    A fresh token is ``x = s + eps`` with ``s`` in span(e1, e2) and ``eps ~ N(0, sigma^2 I_d)``.
-    Then ``(eps.nu, eps.q)`` is Gaussian with covariance ``sigma^2 [[nu.nu, nu.q], [nu.q, q.q]]``;
-    writing ``nu_hat = nu/|nu|``, ``eps.nu = sigma |nu| z1`` and
-    ``eps.q = sigma ((q.nu_hat) z1 + |q - (q.nu_hat) nu_hat| z2)`` with ``z1, z2`` i.i.d. N(0, 1).
-    Cost ``O(n_test T)`` instead of ``O(n_test T d)``. ``key`` fixes ``z`` so repeated calls at
-    different ``q`` (dynamics) reuse the same standard normals.
-
+    With ``nu_hat = nu/|nu|``: ``eps.nu = sigma |nu| z1`` and
+    ``eps.q = sigma ((q.nu_hat) z1 + |q - (q.nu_hat) nu_hat| z2)``, ``z`` from :func:`projection_normals`.
     Returns ``(logits, head)``, each ``(n_test, T)``.
     """
-    z = jr.normal(key, signal.shape, signal.dtype)  # (n_test, T, 2)
     nu_norm = jnp.linalg.norm(nu)
     q_par = jnp.dot(q, nu) / nu_norm
     q_perp = jnp.sqrt(jnp.maximum(jnp.dot(q, q) - q_par**2, 0.0))
-    eps_nu = sigma * nu_norm * z[..., 0]
-    eps_q = sigma * (q_par * z[..., 0] + q_perp * z[..., 1])
-    logits = signal @ q[:2] + eps_q
-    head = signal @ nu[:2] + eps_nu
+    s1, s2, z1, z2 = signal[..., 0], signal[..., 1], z[..., 0], z[..., 1]
+    # four scalars times four fixed (n_test, T) arrays: one fused pass (no contraction over 2)
+    logits = s1 * q[0] + s2 * q[1] + (sigma * q_par) * z1 + (sigma * q_perp) * z2
+    head = s1 * nu[0] + s2 * nu[1] + (sigma * nu_norm) * z1
     return logits, head
+
+
+def reduced_d(n: int, T: int) -> int:
+    """The smallest ``d`` from which the reduced engines' program no longer depends on ``d``."""
+    return n * T + 4
+
+
+def sakamoto_reduced_sample(key, n: int, d: int, roles, sw: dict, *, label_mode, label_noise,
+                            dtype) -> Batch:
+    """A Sakamoto training set in the reduced coordinates ``(e1, e2, Q, rest)``: ``X: (n, T, m+3)``.
+
+    Labels, flips and signals come from :func:`sakamoto_sample` with the same key (``d = None``
+    draws no noise), so a reduced run has the direct run's labels; the noise is drawn here.
+    """
+    T = len(roles)
+    N = n * T
+    base = sakamoto_sample(key, n, None, roles, sw, label_mode=label_mode,
+                           label_noise=label_noise, dtype=dtype)
+    k_noise = jr.split(key, 3)[2]
+    k_perp, k_z = jr.split(k_noise)
+    sigma = sw["sigma_eps"]
+    z = jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype)  # one draw: e1, e2 and the factor
+    e12 = sigma * z[: 2 * N].reshape(n, T, 2)
+    L = sigma * bartlett_factor(k_perp, N, d - 2, dtype, z=z[2 * N :], k_traced=sw["dim"] - 2)
+    X = jnp.concatenate(
+        [base.signal + e12, L.reshape(n, T, -1), jnp.zeros((n, T, 1), dtype)], axis=-1)
+    return base._replace(X=X)
+
+
+def sakamoto_reduced_init(key, d: int, N: int, init: str, init_scale, dtype, dim) -> jax.Array:
+    """A Gaussian (or zero) ``p_0`` in the reduced coordinates: i.i.d. ``N(0, init_scale^2)`` on
+    ``(e1, e2, Q)`` (rotation invariance, ``p_0`` independent of the tokens) and the norm
+    ``init_scale sqrt(chi^2_{d-2-m})`` of the rest, which no gradient ever touches."""
+    m = factor_width(N, d - 2)
+    if init != "gaussian":
+        return jnp.zeros(m + 3, dtype)
+    k_p, k_r = jr.split(key)
+    inside = jr.normal(k_p, (m + 2,), dtype)
+    rest = residual_norm(k_r, d - 2 - m, dtype, dim - 2 - m)
+    return init_scale * jnp.concatenate([inside, rest[None]])
+
+
+# --------------------------------------------------------------------------------------------
+# Magen et al.
+# --------------------------------------------------------------------------------------------
+
+
+def _magen_check(r: dict) -> None:
+    model = r["model"]
+    if r["T"] < 2:
+        raise ConfigError(f"T = {r['T']} must be >= 2 for {model} (one signal token and T-1 "
+                          "noise tokens); fix: T = 2 (Magen et al.) or T = 5 (multi-token variant)")
+    if r["d"] < 3:
+        raise ConfigError(f"d = {r['d']} must be >= 3 (the signals live on e1 and e2)")
+
+
+MAGEN_SETTINGS = (
+    SAKAMOTO_SETTINGS[0],  # d
+    SAKAMOTO_SETTINGS[1],  # T
+    Setting("signal_norm", 20.0, float, "swept", "signal norm ||mu|| (Magen et al.'s rho)",
+            positive),
+    SAKAMOTO_SETTINGS[7],  # sigma_eps
+    Setting("noise_mode", "projected", str, "static",
+            "token noise: isotropic N(0, sigma^2 I_d), or projected off span(mu_1, mu_2) "
+            "(Magen et al.)", choices=("isotropic", "projected")),
+    Setting("signal_noise", False, bool, "static",
+            "add token noise to the signal token too (default: noise-free, as Magen et al.)"),
+)
+
+
+def magen_roles(T: int) -> np.ndarray:
+    """Role codes: token 0 is the signal token (role 0, "rel"), the rest noise (role 3, "irr")."""
+    roles = np.full(T, IRRELEVANT, np.int32)
+    roles[0] = RELEVANT
+    return roles
+
+
+def noisy_tokens(T: int, signal_noise: bool) -> np.ndarray:
+    """Which token positions carry noise: ``(T,)`` bool."""
+    m = np.ones(T, bool)
+    m[0] = signal_noise
+    return m
+
+
+def magen_sample(
+    key: jax.Array, n: int, d: int | None, T: int, sw: dict, *, label_mode: str,
+    label_noise: str | None, noise_mode: str, signal_noise: bool, dtype,
+) -> Batch:
+    """Draw ``n`` Magen sequences (``d=None``: signal coordinates only, for projected tests)."""
+    k_lab, k_flip, k_noise = jr.split(key, 3)
+    y, y_clean, flipped = draw_labels(k_lab, k_flip, n, sw, label_mode=label_mode,
+                                      label_noise=label_noise, dtype=dtype)
+    own = jnp.stack([(y_clean > 0), (y_clean < 0)], -1).astype(dtype)  # (n, 2)
+    first = jnp.asarray(np.arange(T) == 0)[None, :, None]
+    signal = jnp.where(first, sw["signal_norm"] * own[:, None, :], 0.0).astype(dtype)
+    X = None
+    if d is not None:
+        noise = sw["sigma_eps"] * jr.normal(k_noise, (n, T, d), dtype)
+        if noise_mode == "projected":
+            noise = project_off_signal(noise)
+        mask = jnp.asarray(noisy_tokens(T, signal_noise))[None, :, None]
+        X = jnp.where(mask, noise, 0.0) + embed_signal(signal, d)
+    return Batch(X, signal, y, y_clean, flipped)
+
+
+def projected_token_scores(
+    z: jax.Array, signal: jax.Array, a: jax.Array, b: jax.Array, cls: jax.Array | None,
+    sigma, mode: str, noisy: np.ndarray,
+) -> tuple[jax.Array, jax.Array]:
+    """Exact ``(X a, X b)``, each ``(n, T)``, for fresh Magen tokens ``x = s + sigma xi``.
+
+    ``a: (d,)``; ``b: (d,)`` or ``(2, d)`` (one vector per clean class, selected by ``cls`` (n,)
+    = 0 for ``y~ = +1``, 1 for ``-1``). ``xi ~ N(0, P)`` with ``P`` the projector off span(e1, e2)
+    (``mode = "projected"``) or ``I``; then ``(xi.a, xi.b) ~ N(0, Gram(P a, P b))``.
+    """
+    ap, bp = (project_off_signal(a), project_off_signal(b)) if mode == "projected" else (a, b)
+    aa = jnp.dot(ap, ap)
+    if b.ndim == 1:
+        ab, bb = jnp.dot(ap, bp), jnp.dot(bp, bp)
+        sa = signal @ a[:2]
+        sb = signal @ b[:2]
+    else:
+        ab_c, bb_c = bp @ ap, jnp.sum(bp * bp, -1)  # (2,)
+        ab, bb = ab_c[cls][:, None], bb_c[cls][:, None]
+        sa = signal @ a[:2]
+        sb = jnp.einsum("ntk,nk->nt", signal, b[cls, :2])
+    ea, eb = gaussian_pair(z, aa, ab, bb)
+    m = jnp.asarray(noisy)[None, :]
+    return sa + sigma * jnp.where(m, ea, 0.0), sb + sigma * jnp.where(m, eb, 0.0)
+
+
+N_MAGEN_VEC = 2  # p and v: the Gaussian-init residual of the reduced single-head engine
+
+
+def magen_reduced_width(n: int, T: int, d: int) -> int:
+    m = factor_width(n * T, d - 2)
+    return 2 + m + factor_width(N_MAGEN_VEC, d - 2 - m)
+
+
+def magen_reduced_sample(key, n: int, d: int, T: int, sw: dict, *, label_mode, label_noise,
+                         noise_mode, signal_noise, dtype) -> Batch:
+    """A Magen training set in reduced coordinates ``(e1, e2, Q, rest)``: ``X: (n, T, D)`` with
+    ``D = magen_reduced_width(n, T, d)``; rows of noise-free tokens are zero in the factor (a
+    subset of the rows of a Bartlett factor is a factor of the subset)."""
+    N = n * T
+    base = magen_sample(key, n, None, T, sw, label_mode=label_mode, label_noise=label_noise,
+                        noise_mode=noise_mode, signal_noise=signal_noise, dtype=dtype)
+    k_perp, k_z = jr.split(jr.split(key, 3)[2])
+    sigma = sw["sigma_eps"]
+    noisy = jnp.asarray(noisy_tokens(T, signal_noise))[None, :, None]
+    z = jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype)  # one draw: e1, e2 and the factor
+    e12 = sigma * z[: 2 * N].reshape(n, T, 2)
+    if noise_mode == "projected":
+        e12 = jnp.zeros_like(e12)
+    m = factor_width(N, d - 2)
+    L = sigma * bartlett_factor(k_perp, N, d - 2, dtype, z=z[2 * N :],
+                                k_traced=sw["dim"] - 2).reshape(n, T, m)
+    r = factor_width(N_MAGEN_VEC, d - 2 - m)
+    X = jnp.concatenate(
+        [base.signal + jnp.where(noisy, e12, 0.0), jnp.where(noisy, L, 0.0),
+         jnp.zeros((n, T, r), dtype)], axis=-1)
+    return base._replace(X=X)
+
+
+def magen_reduced_init(key, n: int, T: int, d: int, D: int, init: str, init_scale, dtype, dim):
+    """Gaussian (or zero) ``(p_0, v_0)`` in the reduced coordinates: i.i.d. on ``(e1, e2, Q)``;
+    their parts in the ``d - 2 - m`` remaining dimensions are two Gaussian vectors represented by
+    their own 2-row Bartlett factor (their norms and inner product are all any metric sees)."""
+    if init != "gaussian":
+        zero = jnp.zeros(D, dtype)
+        return zero, zero
+    m = factor_width(n * T, d - 2)
+    r = D - 2 - m
+    k_in, k_rest = jr.split(key)
+    inside = jr.normal(k_in, (N_MAGEN_VEC, 2 + m), dtype)
+    rest = bartlett_factor(k_rest, N_MAGEN_VEC, d - 2 - m, dtype,
+                           k_traced=None if d - 2 - m < N_MAGEN_VEC else dim - 2 - m)
+    pv = init_scale * jnp.concatenate([inside, rest[:, :r]], axis=-1)
+    return pv[0], pv[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Distributions: the settings they add and their checks
+# --------------------------------------------------------------------------------------------
+
+
+class Distribution(NamedTuple):
+    """A data distribution: its name (as the papers'), the settings it adds, and its check."""
+
+    name: str
+    settings: tuple
+    check: object
+    doc: str
+
+
+SAKAMOTO = Distribution("sakamoto", SAKAMOTO_SETTINGS, _sakamoto_check,
+                        "Sakamoto & Sato: relevant / weak / weak-opposite / irrelevant tokens")
+MAGEN = Distribution("magen", MAGEN_SETTINGS, _magen_check,
+                     "Magen et al.: one signal token and T - 1 noise tokens")

@@ -1,27 +1,27 @@
-"""Figures from results tables: phase diagrams, dynamics, token projections, 𝔖 ratios.
+"""Figures from results tables: phase diagrams, line plots, dynamics, token projections, 𝔖 ratios.
 
 Every function reads tables (:mod:`phasebo.analysis`), draws on new axes (or on ``ax=`` /
 ``axes=`` when given) and returns ``(fig, ax)`` — ``ax`` is an array for multi-panel figures.
 Nothing calls ``plt.show()``; importing this module selects the Agg backend unless a backend was
 already chosen (``MPLBACKEND``, pyplot already imported, or a Jupyter kernel's inline backend).
 
-=====================  ============================================  ===========================
-function               what                                          SPEC
-=====================  ============================================  ===========================
-``regime_map``         categorical phase diagram, theory overlay      S3, M7
-``value_map``          continuous map of any aggregated metric        S3, M7
-``attention_dynamics`` softmax mass per token, clean + flipped sample S2, S5
-``ss_dynamics``        group means of s(1−s), clean vs flipped        S §1 (Fig. 2)
-``accuracy_dynamics``  train/test accuracy and losses vs log-step     M1, delayed generalisation
-``gap_dynamics``       attention gaps Λ, Γ and g(gap) vs step          S §1
-``token_projection``   selected-token projections on (e₁, e₂)         S1
-``s_ratio_curves``     𝔖 ratios and test accuracy over noise ratio    S4
-=====================  ============================================  ===========================
+=====================  ==============================================================
+function               what
+=====================  ==============================================================
+``regime_map``         categorical phase diagram (colour-blind-safe), theory curves, any grid
+``value_map``          continuous map of an aggregated metric, colours scaled to its data
+``line_plot``          a metric against one axis, mean and SE band per hue (1-D sweeps)
+``attention_dynamics`` softmax mass per token of the tracked samples (Sakamoto & Sato Figs. 3-5)
+``ss_dynamics``        group means of s(1−s), clean vs flipped
+``accuracy_dynamics``  train/test accuracy and losses vs log-step (delayed generalisation)
+``gap_dynamics``       attention gaps Λ, Γ and g(gap) vs step
+``token_projection``   selected-token projections on (e₁, e₂) (Sakamoto & Sato Fig. 1)
+``s_ratio_curves``     𝔖 ratios and test accuracy over the noise ratio
+=====================  ==============================================================
 
 Command line::
 
-    python -m phasebo.plot RESULTS_DIR [--out DIR]   # the standard figures of a finished sweep
-    python -m phasebo.plot --reference               # rebuild results/reference/*.png
+    python -m phasebo.plot RESULTS_DIR [--out DIR] [--format png,pdf] [--dpi 200]
 """
 
 from __future__ import annotations
@@ -41,16 +41,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.colors import BoundaryNorm, ListedColormap, LogNorm  # noqa: E402
+from matplotlib.colors import BoundaryNorm, ListedColormap, LogNorm, Normalize  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from . import analysis as A  # noqa: E402
 from . import theory as TH  # noqa: E402
 from .results import REGIMES  # noqa: E402
+from .settings import ConfigError  # noqa: E402
 
-REGIME_COLORS = {"benign": "#4c9f70", "harmful": "#d1495b", "not_overfitting": "#edae49",
-                 "mixed": "#b0b0b0", "failed": "#303030"}
-ROLE_COLORS = {"rel": "#2a9d8f", "weak": "#457b9d", "weak_opp": "#e63946", "irr": "#9a9a9a"}
+# Okabe & Ito's colour-blind-safe palette: blue / vermillion / yellow stay distinct under every
+# common colour-vision deficiency.
+REGIME_COLORS = {"benign": "#0072B2", "harmful": "#D55E00", "not_overfitting": "#F0E442",
+                 "mixed": "#BBBBBB", "failed": "#303030"}
+ROLE_COLORS = {"rel": "#009E73", "weak": "#56B4E9", "weak_opp": "#D55E00", "irr": "#9a9a9a"}
 ROLE_LABELS = {"rel": "relevant", "weak": "weakly relevant", "weak_opp": "weak, opposite class",
                "irr": "irrelevant"}
 LABELS = {
@@ -60,8 +63,10 @@ LABELS = {
     "test_loss": "test loss", "train_loss": "train loss",
     "frac_noisy_fitted": "fraction of flipped samples fitted (at some step)",
     "noisy_fit_step": "step all flipped samples fitted", "T": "T (tokens)",
+    "query_lambda": "λ (memorised noise in the query)", "weight_decay": "weight decay λ",
 }
-LOG_AXES = {"d", "n", "snr", "n_snr2", "lr", "n_test", "signal_norm"}
+LOG_AXES = {"d", "n", "snr", "n_snr2", "lr", "n_test", "signal_norm", "weight_decay"}
+BOUNDED = ("_acc", "frac_")
 
 Theory = Callable[[np.ndarray], np.ndarray] | Mapping[str, Callable[[np.ndarray], np.ndarray]]
 
@@ -91,7 +96,8 @@ def _auto_log(col: str, vals: np.ndarray) -> bool:
 
 
 def _edges(vals: np.ndarray, log: bool) -> np.ndarray:
-    """Cell edges around sorted centres (geometric midpoints on a log axis)."""
+    """Cell edges around sorted centres (geometric midpoints on a log axis). A positive axis never
+    gets an edge at or below zero: the outer half-cells are clipped to half the extreme value."""
     vals = np.asarray(vals, float)
     v = np.log(vals) if log else vals
     if len(v) == 1:
@@ -100,12 +106,22 @@ def _edges(vals: np.ndarray, log: bool) -> np.ndarray:
     else:
         mid = (v[1:] + v[:-1]) / 2
         e = np.concatenate([[v[0] - (mid[0] - v[0])], mid, [v[-1] + (v[-1] - mid[-1])]])
-    return np.exp(e) if log else e
+    if log:
+        return np.exp(e)
+    if (vals > 0).all() and e[0] <= 0:
+        e[0] = vals[0] / 2
+    return e
 
 
-def _cells(df: pd.DataFrame, where) -> pd.DataFrame:
+def _cells(df: pd.DataFrame, where, x=None, y=None) -> pd.DataFrame:
     df = A.select(df, where)
-    return df if A._is_aggregate(df) else A.aggregate(df)
+    if A.is_aggregate(df):
+        return df
+    others = [a for a in A.cell_axes(df) if a not in (x, y)]
+    if others:
+        raise ValueError(f"{others[0]} varies besides {x} and {y}; fix: where={{{others[0]!r}: "
+                         "value}} to draw one slice")
+    return A.aggregate(df, by=[c for c in (x, y) if c is not None])
 
 
 def _seed_text(cells: pd.DataFrame) -> str:
@@ -159,19 +175,26 @@ def _setup_axes(ax, x, y, logx, logy, xe, ye, xs=None, ys=None):
 
 
 def _overlay(ax, theory: Theory | None, xe, logx, ye):
-    """Draw ``theory`` curves ``y = f(x)`` across the map, clipped to it, with a legend."""
+    """Draw ``theory`` curves ``y = f(x)`` across the map, clipped to it; the legend lists only
+    the curves that cross the map."""
     if theory is None:
         return
     curves = theory if isinstance(theory, Mapping) else {"theory": theory}
     xx = np.geomspace(xe[0], xe[-1], 400) if logx else np.linspace(xe[0], xe[-1], 400)
     styles = ["--", ":", "-.", (0, (5, 1, 1, 1))]
+    drawn = 0
     for i, (name, f) in enumerate(curves.items()):
-        yy = np.asarray(f(xx), float)
+        with np.errstate(all="ignore"):
+            yy = np.asarray(f(xx), float)
         yy = np.where((yy >= ye[0]) & (yy <= ye[-1]), yy, np.nan)
+        if np.isfinite(yy).sum() < 2:
+            continue  # outside the map: neither drawn nor in the legend
         ax.plot(xx, yy, color="k", ls=styles[i % len(styles)], lw=1.6, label=name)
+        drawn += 1
     ax.set_ylim(ye[0], ye[-1])
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(len(curves), 3),
-              fontsize=8, frameon=False, handlelength=3)
+    if drawn:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(drawn, 3),
+                  fontsize=8, frameon=False, handlelength=3)
 
 
 def iso_snr_overlay(kappas: Sequence[float] = (0.1, 4.0, 200.0), n: float = 20,
@@ -181,7 +204,8 @@ def iso_snr_overlay(kappas: Sequence[float] = (0.1, 4.0, 200.0), n: float = 20,
 
 
 def magen_overlay(c: float = 1.0, x: str = "n") -> dict:
-    """Theory curve SNR = c/√n for a (x = n, y = snr) map, or n = c²/SNR² for (x = snr, y = n)."""
+    """Theory curve SNR = c/√n for a (x = n, y = snr) map, or n = c²/SNR² for (x = snr, y = n);
+    for (x = d, y = n) at a fixed ‖μ‖ use :func:`magen_d_overlay`."""
     if x == "n":
         return {f"SNR = {c:g}/√n": lambda nn: TH.magen_boundary_snr(nn, c)}
     return {f"SNR = {c:g}/√n": lambda s: (c / np.asarray(s, float)) ** 2}
@@ -192,6 +216,26 @@ def magen_overlay(c: float = 1.0, x: str = "n") -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def _row_meshes(ax, g: pd.DataFrame, xs, ys, logx, logy, draw):
+    """A rectilinear grid draws as one mesh; a refined (non-uniform) grid, whose rows hold
+    different x values, draws row by row with each row's own cell edges."""
+    full = g.notna().to_numpy().all() or len(ys) == 1
+    ye = _edges(ys, logy)
+    if full:
+        return [draw(_edges(xs, logx), ye, g.to_numpy())], _edges(xs, logx), ye
+    meshes, lo, hi = [], np.inf, -np.inf
+    for i in range(len(ys)):
+        row = g.iloc[i]
+        have = row.notna().to_numpy()
+        if not have.any():
+            continue
+        xr = xs[have]
+        xe = _edges(xr, logx)
+        lo, hi = min(lo, xe[0]), max(hi, xe[-1])
+        meshes.append(draw(xe, ye[i:i + 2], row.to_numpy()[have][None, :]))
+    return meshes, np.array([lo, hi]), ye
+
+
 def regime_map(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", ax=None,
                theory: Theory | None = None, where: Mapping | None = None,
                logx: bool | None = None, logy: bool | None = None, title: str | None = None):
@@ -199,31 +243,35 @@ def regime_map(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", ax=None,
     ok seeds (benign / harmful / not overfitting), grey where no regime has a majority.
 
     ``df``: a runs table or an aggregate; ``where`` fixes other axes. ``theory``: a callable
-    ``y = f(x)`` or ``{label: f}`` drawn as dashed black lines. The cell codes are
+    ``y = f(x)`` or ``{label: f}`` drawn as black lines. The cell codes are
     ``ax.collections[0].get_array()`` (indices into ``ax.regime_categories``).
     """
-    cells = _cells(df, where)
+    cells = _cells(df, where, x, y)
     g = A.pivot(cells, x, y, "regime")
     present = [c for c in ("mixed", "failed") if (g == c).to_numpy().any()]
     cats = [*REGIMES, *present]
     code = np.full(g.shape, np.nan)
     for i, c in enumerate(cats):
         code[(g == c).to_numpy()] = i
+    codes = pd.DataFrame(code, index=g.index, columns=g.columns)
     xs, ys = g.columns.to_numpy(float), g.index.to_numpy(float)
     logx = _auto_log(x, xs) if logx is None else logx
     logy = _auto_log(y, ys) if logy is None else logy
-    xe, ye = _edges(xs, logx), _edges(ys, logy)
     fig, ax = _new(ax)
     cmap = ListedColormap([REGIME_COLORS[c] for c in cats])
     norm = BoundaryNorm(np.arange(len(cats) + 1) - 0.5, cmap.N)
     few = max(len(xs), len(ys)) <= 16  # cell borders only where cells are large
-    mesh = ax.pcolormesh(xe, ye, np.ma.masked_invalid(code), cmap=cmap, norm=norm,
-                         edgecolors="white" if few else "face", linewidth=0.3 if few else 0)
-    cb = fig.colorbar(mesh, ax=ax, ticks=np.arange(len(cats)))
+
+    def draw(xe, ye, z):
+        return ax.pcolormesh(xe, ye, np.ma.masked_invalid(z), cmap=cmap, norm=norm,
+                             edgecolors="white" if few else "face", linewidth=0.3 if few else 0)
+
+    meshes, xe, ye = _row_meshes(ax, codes, xs, ys, logx, logy, draw)
+    cb = fig.colorbar(meshes[0], ax=ax, ticks=np.arange(len(cats)))
     cb.ax.set_yticklabels([{"mixed": "mixed\n(no majority)"}.get(c, c.replace("_", " "))
                            for c in cats])
     cb.ax.tick_params(length=0)
-    _setup_axes(ax, x, y, logx, logy, xe, ye, xs, ys)
+    _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     ax.regime_categories = cats  # for tests and callers: code i <-> cats[i]
     ax.set_title(title or f"regime ({_seed_text(cells)})", fontsize=10)
@@ -236,11 +284,11 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
               logy: bool | None = None, lognorm: bool | None = None, title: str | None = None):
     """Continuous map of ``value`` (a metric; its seed ``stat``: mean, se, min, max) over two axes.
 
-    Accuracies and fractions use the range [0, 1]; losses a log colour scale when they span more
-    than a factor 10. Cells without a value (missing, or a step that never happened in any
-    seed) are light grey.
+    Colours span the data (``vmin``/``vmax`` override) and the colour bar says the range, so a map
+    of accuracies between 0.89 and 1 uses the whole colour scale. Losses use a log scale when they
+    span more than a factor 10. Cells without a value are light grey.
     """
-    cells = _cells(df, where)
+    cells = _cells(df, where, x, y)
     col = f"{value}_{stat}" if f"{value}_{stat}" in cells.columns else value
     if col not in cells.columns:
         raise KeyError(f"value_map: no column {value!r} (or {value}_{stat}) in the table")
@@ -249,27 +297,70 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     xs, ys = g.columns.to_numpy(float), g.index.to_numpy(float)
     logx = _auto_log(x, xs) if logx is None else logx
     logy = _auto_log(y, ys) if logy is None else logy
-    xe, ye = _edges(xs, logx), _edges(ys, logy)
-    bounded = value.endswith("_acc") or value.startswith("frac_") or "_acc_" in value
-    if bounded and stat in ("mean", "min", "max"):
-        vmin = 0.0 if vmin is None else vmin
-        vmax = 1.0 if vmax is None else vmax
     fin = z[np.isfinite(z)]
+    lo = float(fin.min()) if fin.size else 0.0
+    hi = float(fin.max()) if fin.size else 1.0
+    vmin = lo if vmin is None else vmin
+    vmax = (hi if hi > vmin else vmin + 1e-9) if vmax is None else vmax
     if lognorm is None:
-        lognorm = "loss" in value and fin.size > 0 and fin.min() > 0 and fin.max() / fin.min() > 10
-    norm = LogNorm(vmin=vmin, vmax=vmax) if lognorm else None
+        lognorm = "loss" in value and fin.size > 0 and lo > 0 and hi / lo > 10
+    norm = LogNorm(vmin=vmin, vmax=vmax) if lognorm else Normalize(vmin=vmin, vmax=vmax)
     fig, ax = _new(ax)
     ax.set_facecolor("#f2f2f2")
-    mesh = ax.pcolormesh(xe, ye, np.ma.masked_invalid(z), cmap=cmap or "viridis", norm=norm,
-                         vmin=None if lognorm else vmin, vmax=None if lognorm else vmax)
-    fig.colorbar(mesh, ax=ax, label=_label(value) + ("" if stat == "mean" else f" ({stat})"))
-    _setup_axes(ax, x, y, logx, logy, xe, ye, xs, ys)
+
+    def draw(xe, ye, zz):
+        return ax.pcolormesh(xe, ye, np.ma.masked_invalid(zz.astype(float)),
+                             cmap=cmap or "cividis", norm=norm)
+
+    meshes, xe, ye = _row_meshes(ax, g, xs, ys, logx, logy, draw)
+    what = _label(value) + ("" if stat == "mean" else f" ({stat})")
+    fig.colorbar(meshes[0], ax=ax, label=f"{what}\n(data range {lo:.3g}–{hi:.3g})")
+    _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
-    what = f"{_label(value)} ({stat} over seeds; {_seed_text(cells)})"
+    text = f"{_label(value)} ({stat} over seeds; {_seed_text(cells)})"
     if not np.isfinite(z).all():
-        what += "\ngrey: no value" + (" (never happened in any seed)" if value.endswith("_step")
+        text += "\ngrey: no value" + (" (never happened in any seed)" if value.endswith("_step")
                                       else "")
-    ax.set_title(title or what, fontsize=10)
+    ax.set_title(title or text, fontsize=10)
+    return fig, ax
+
+
+def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[str] | None = None,
+              ax=None, where: Mapping | None = None, logx: bool | None = None,
+              title: str | None = None):
+    """``value`` against ``x``: the mean over seeds with a ±1 SE band, one line per ``hue`` cell
+    (default: the other axes that vary). For 1-D sweeps and slices of maps."""
+    runs = A.select(df, where)
+    cells = runs if A.is_aggregate(runs) else None
+    if hue is None:
+        hue = [a for a in A.cell_axes(runs) if a != x] if cells is None else []
+    if cells is None:
+        cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
+    fig, ax = _new(ax, (6.0, 4.0))
+    colors = plt.get_cmap("tab10").colors
+    groups = cells.groupby(list(hue), sort=True) if hue else [((), cells)]
+    for i, (key, sub) in enumerate(groups):
+        sub = sub.sort_values(x)
+        xv = sub[x].to_numpy(float)
+        m = sub[f"{value}_mean"].to_numpy(float)
+        se = np.nan_to_num(sub[f"{value}_se"].to_numpy(float))
+        key = key if isinstance(key, tuple) else (key,)
+        lab = ", ".join(f"{_short(h)}={_num(k) if isinstance(k, (int, float, np.number)) else k}"
+                        for h, k in zip(hue, key)) or None
+        c = colors[i % 10]
+        ax.plot(xv, m, "o-", color=c, ms=3, lw=1.6, label=lab)
+        ax.fill_between(xv, m - se, m + se, color=c, alpha=0.2, lw=0)
+    logx = _auto_log(x, cells[x].to_numpy(float)) if logx is None else logx
+    if logx:
+        ax.set_xscale("log")
+        _plain_log(ax.xaxis)
+    ax.set_xlabel(_label(x))
+    ax.set_ylabel(_label(value))
+    if any(ax.get_legend_handles_labels()[1]):
+        ax.legend(fontsize=7)
+    k = cells["n_seeds"]
+    ax.set_title(title or f"{_label(value)}: mean ± SE over {k.min()}"
+                 f"{'' if k.min() == k.max() else f'–{k.max()}'} seeds", fontsize=10)
     return fig, ax
 
 
@@ -321,30 +412,46 @@ def _xstep(ax, logx: bool):
         ax.set_xlim(left=0)
 
 
-def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping | None = None,
-                       axes=None, logx: bool = False, title: str | None = None):
-    """Softmax probability of every token vs step, for the tracked clean and flipped sample (S2).
+def tracked_names(dyn: pd.DataFrame) -> list[str]:
+    """The tracked samples of a dynamics table: ``clean``/``noisy`` (the default pair) or
+    ``i<index>`` (``track = [...]``)."""
+    names = []
+    for c in dyn.columns:
+        if c.startswith("attn_") and c.endswith("_t0") and not c.startswith("attn_mean_"):
+            names.append(c[len("attn_"):-len("_t0")])
+    return names
 
-    ``dyn``: a dynamics table (:func:`phasebo.analysis.load_dynamics`); the run is ``run``
-    (a run id) or the first run matching ``where``. Two panels; colours by token role.
-    """
+
+def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping | None = None,
+                       axes=None, logx: bool = False, title: str | None = None,
+                       samples: Sequence[str] | None = None):
+    """Softmax probability of every token vs step, for the tracked samples (Sakamoto & Sato
+    Figs. 3-5): the first clean and first flipped sample, or those of ``track = [...]``
+    (``samples=["i0", "i11"]`` picks some). ``dyn``: a dynamics table; the run is ``run`` (a run
+    id) or the first run matching ``where``. One panel per sample; colours by token role."""
     d = _one_run(dyn, run, where)
+    names = list(samples or tracked_names(d))
+    if not names:
+        raise KeyError("attention_dynamics: the table has no attn_*_t* columns (record dynamics)")
     own = axes is None
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True, layout="constrained")
+        fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.8), sharey=True,
+                                 layout="constrained", squeeze=False)
+        axes = axes[0]
     fig = axes[0].figure
     step = d["step"].to_numpy()
-    for ax, grp, name in zip(axes, ("clean", "noisy"), ("clean sample", "flipped sample")):
+    for ax, grp in zip(axes, names):
         cols = _tokens(d, f"attn_{grp}_t")
         roles = _roles(d, len(cols))
         for k, (c, r) in enumerate(zip(cols, roles)):
             ax.plot(step, d[c], color=ROLE_COLORS[r], lw=2.0 if r != "irr" else 1.0,
                     alpha=1.0 if r != "irr" else 0.7, label=f"token {k}")
+        name = {"clean": "clean sample", "noisy": "flipped sample"}.get(grp, f"sample {grp[1:]}")
         ax.set_title(f"{name}" + (f" — {title}" if title else ""), fontsize=10)
         ax.set_ylim(-0.02, 1.02)
         _xstep(ax, logx)
     axes[0].set_ylabel("softmax probability")
-    roles = _roles(d, len(_tokens(d, "attn_clean_t")))
+    roles = _roles(d, len(_tokens(d, f"attn_{names[0]}_t")))
     handles = [Line2D([], [], color=ROLE_COLORS[r], lw=2, label=ROLE_LABELS[r])
                for r in dict.fromkeys(roles)]
     axes[-1].legend(handles=handles, fontsize=8, loc="center right")
@@ -369,7 +476,7 @@ def _n_runs(d: pd.DataFrame) -> int:
 
 
 def ss_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, ax=None, logx: bool = False):
-    """Group means of ``𝔖 = s_R(1 − s_R)`` for clean vs flipped samples vs step (SPEC §1, Fig. 2).
+    """Group means of ``𝔖 = s_R(1 − s_R)`` for clean vs flipped samples vs step (Sakamoto & Sato, Fig. 2).
 
     Per run the clean value is the mean over both classes of ``ss_clean_pos/neg``; lines are the
     mean over the selected runs, bands their min–max.
@@ -439,7 +546,7 @@ def accuracy_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, hue: Sequ
 
 
 def gap_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, axes=None, n_relevant=None):
-    """Attention gaps Λ (clean sample) and Γ (flipped sample) and ``g(gap)`` vs step (SPEC §1).
+    """Attention gaps Λ (clean sample) and Γ (flipped sample) and ``g(gap)`` vs step (Sakamoto & Sato).
 
     Theory: ``g(gap)`` grows about linearly in the step, so the gaps grow logarithmically.
     Mean over the selected runs, band min–max.
@@ -467,7 +574,7 @@ def gap_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, axes=None, n_r
 
 
 # --------------------------------------------------------------------------------------------
-# S1 and S4
+# Sakamoto & Sato's Fig. 1 and 𝔖 ratios
 # --------------------------------------------------------------------------------------------
 
 _PROJ_NAMES = (("proj_e1", "proj_e2"), ("x1", "x2"), ("e1", "e2"), ("sel_e1", "sel_e2"))
@@ -475,7 +582,8 @@ _PROJ_NAMES = (("proj_e1", "proj_e2"), ("x1", "x2"), ("e1", "e2"), ("sel_e1", "s
 
 def token_projection(points: pd.DataFrame, ax=None, title: str | None = None,
                      where: Mapping | None = None, run: int | None = None):
-    """S1 scatter: the selected (argmax-attention) token of each sample projected on (e₁, e₂).
+    """Sakamoto & Sato's Fig. 1 scatter: the selected (argmax-attention) token of each sample
+    projected on (e₁, e₂).
 
     ``points``: e.g. the ``samples`` table of a ``constructed_query`` sweep (one run; pick it
     with ``where``/``run``). Columns: the two projections (``sel_e1``/``sel_e2``, ``proj_e1``/
@@ -530,7 +638,7 @@ def token_projection(points: pd.DataFrame, ax=None, title: str | None = None,
 
 def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] | None = None,
                    ratio: str = "s_ratio_min", axes=None, where: Mapping | None = None):
-    """S4: the 𝔖 ratio (:func:`phasebo.theory.s_ratios`) and test accuracy vs ``x``.
+    """The 𝔖 ratio (:func:`phasebo.theory.s_ratios`) and test accuracy vs ``x`` (Sakamoto & Sato).
 
     One line per ``hue`` cell (default: the axes other than ``x`` that vary, e.g. ``d`` and
     ``signal_norm``); mean over seeds, band min–max; ok runs only. The dotted line is ratio 1.
@@ -574,6 +682,10 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
 # Sweep and command-line figures
 # --------------------------------------------------------------------------------------------
 
+HEATMAP_KEYS = ("x", "y", "value", "where", "cmap", "vmin", "vmax", "stat")
+LINE_KEYS = ("x", "value", "hue", "where")
+PLOT_KEYS = ("heatmaps", "lines", "formats", "dpi")
+
 
 def default_heatmap_axes(spec) -> tuple[str, str] | None:
     """The two axes to map when the sweep file does not say: ``signal_norm`` on x and ``d`` on
@@ -585,6 +697,66 @@ def default_heatmap_axes(spec) -> tuple[str, str] | None:
         return "signal_norm", "d"
     a, b = sorted(axes, key=lambda a: -len(spec.axes[a]))[:2]
     return a, b
+
+
+def wanted_figures(spec) -> tuple[list[dict], list[dict]]:
+    """The heatmaps and line plots a sweep asks for (``[plot]``), or the defaults: the regime,
+    test accuracy, train accuracy and test loss maps over the two longest axes, or, for a sweep
+    with one axis, test accuracy and train accuracy against it."""
+    heat = list(spec.plot.get("heatmaps", []))
+    lines = list(spec.plot.get("lines", []))
+    if heat or lines:
+        return heat, lines
+    ax = default_heatmap_axes(spec)
+    if ax is not None:
+        return [{"x": ax[0], "y": ax[1], "value": v}
+                for v in ("regime", "test_acc", "train_acc", "test_loss")], []
+    axes = [a for a, v in spec.axes.items() if len(v) > 1]
+    if len(axes) == 1 or (len(axes) == 0 and len(spec.cases) > 1):
+        x = axes[0] if axes else None
+        if x is not None:
+            return [], [{"x": x, "value": v} for v in ("test_acc", "train_acc")]
+    return [], []
+
+
+def check_plot_spec(spec, columns: set[str] | None = None) -> None:
+    """Refuse a ``[plot]`` entry that names an unknown key or column before anything runs.
+
+    ``columns``: the columns the sweep's tables will have (the planner passes the traced metric
+    names of its first group); without it only the axes are checked."""
+    plot = spec.plot
+    for k in plot:
+        if k not in PLOT_KEYS:
+            raise ConfigError(f"[plot] unknown key {k!r}; allowed: {', '.join(PLOT_KEYS)}")
+    from .registry import all_settings
+
+    settings = set(all_settings()) | {"snr", "n_snr2", "seed"}
+    for kind, keys, need in (("heatmaps", HEATMAP_KEYS, ("x", "y")), ("lines", LINE_KEYS, ("x",))):
+        entries = plot.get(kind, [])
+        if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+            raise ConfigError(f"[plot] {kind} must be a list of tables, e.g. {kind} = "
+                              "[{ x = \"signal_norm\", y = \"d\", value = \"regime\" }]")
+        for i, h in enumerate(entries):
+            w = f"[plot] {kind} #{i + 1}: "
+            for k in h:
+                if k not in keys:
+                    raise ConfigError(f"{w}unknown key {k!r}; allowed: {', '.join(keys)}")
+            for k in need:
+                if k not in h:
+                    raise ConfigError(f"{w}missing {k!r}")
+                if h[k] not in settings:
+                    raise ConfigError(f"{w}{k} = {h[k]!r} is not a setting or derived column; fix: "
+                                      "an axis of the sweep such as " +
+                                      ", ".join(repr(a) for a in spec.axes) if spec.axes else
+                                      f"{w}{k} = {h[k]!r} is not a setting")
+            value = h.get("value", "regime" if kind == "heatmaps" else "test_acc")
+            if columns is not None and value != "regime" and value not in columns:
+                from .settings import suggest
+
+                raise ConfigError(f"{w}value = {value!r} is not a column of this sweep's results"
+                                  f"{suggest(value, columns)}; fix: one of regime, "
+                                  + ", ".join(sorted(c for c in columns if not c.startswith("_"))
+                                              [:12]) + ", ...")
 
 
 def default_theory(df: pd.DataFrame, x: str, y: str) -> dict | None:
@@ -600,45 +772,56 @@ def default_theory(df: pd.DataFrame, x: str, y: str) -> dict | None:
     return None
 
 
-def _save(fig, path: Path, dpi=110) -> Path:
+def save(fig, path: Path, formats: Sequence[str] = ("png",), dpi: int = 150) -> list[Path]:
+    """Save ``fig`` as ``path`` with each suffix in ``formats`` (png, pdf, svg); closes it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    out = []
+    for f in formats:
+        p = path.with_suffix(f".{f}")
+        fig.savefig(p, dpi=dpi)
+        out.append(p)
     plt.close(fig)
-    return path
+    return out
 
 
-def _map(df, x, y, value, where=None):
+def _map(df, h: Mapping):
+    x, y, value = h["x"], h["y"], h.get("value", "regime")
+    where = h.get("where")
     theory = default_theory(A.select(df, where), x, y)
     if value == "regime":
         return regime_map(df, x, y, theory=theory, where=where)
-    return value_map(df, value, x, y, theory=theory, where=where)
+    return value_map(df, value, x, y, theory=theory, where=where, cmap=h.get("cmap"),
+                     vmin=h.get("vmin"), vmax=h.get("vmax"), stat=h.get("stat", "mean"))
 
 
-def sweep_figures(df: pd.DataFrame, spec, out_dir: Path) -> list[Path]:
-    """Draw the heatmaps a sweep asks for (``[plot] heatmaps``) or the default set.
-
-    Called by :func:`phasebo.sweep.run_sweep` after a sweep; files ``heatmap_<value>_<y>_vs_<x>
-    .png``. A map is skipped (with a message) when the other axes of the sweep leave several cells
-    per (x, y) pair and the sweep file gives no ``where``.
-    """
+def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=150) -> list[Path]:
+    """Draw the figures a sweep asks for (``[plot]``) or the defaults (:func:`wanted_figures`):
+    ``heatmap_<value>_<y>_vs_<x>.<format>``, ``line_<value>_vs_<x>.<format>``. A figure whose other
+    axes leave several cells per point (and no ``where``) is skipped with a message."""
     out_dir = Path(out_dir)
-    wanted = list(spec.plot.get("heatmaps", []))
-    if not wanted:
-        ax = default_heatmap_axes(spec)
-        if ax is None:
-            return []
-        wanted = [{"x": ax[0], "y": ax[1], "value": v}
-                  for v in ("regime", "test_acc", "train_acc", "test_loss")]
+    formats = tuple(spec.plot.get("formats", formats))
+    dpi = int(spec.plot.get("dpi", dpi))
+    heat, lines = wanted_figures(spec)
     paths = []
-    for h in wanted:
-        x, y, value = h["x"], h["y"], h.get("value", "regime")
+    for h in heat:
         try:
-            fig, _ = _map(df, x, y, value, where=h.get("where"))
+            fig, _ = _map(df, h)
         except ValueError as e:
-            print(f"phasebo.plot: skipped heatmap {value} {y} vs {x}: {e}", file=sys.stderr)
+            print(f"phasebo.plot: skipped heatmap {h.get('value', 'regime')}: {e}",
+                  file=sys.stderr)
             continue
-        paths.append(_save(fig, out_dir / f"heatmap_{value}_{y}_vs_{x}.png"))
+        name = f"heatmap_{h.get('value', 'regime')}_{h['y']}_vs_{h['x']}"
+        paths += save(fig, out_dir / name, formats, dpi)
+    for h in lines:
+        try:
+            fig, _ = line_plot(df, h["x"], h.get("value", "test_acc"), hue=h.get("hue"),
+                               where=h.get("where"))
+        except ValueError as e:
+            print(f"phasebo.plot: skipped line plot {h.get('value')}: {e}", file=sys.stderr)
+            continue
+        paths += save(fig, out_dir / f"line_{h.get('value', 'test_acc')}_vs_{h['x']}", formats,
+                      dpi)
     return paths
 
 
@@ -646,194 +829,166 @@ MAP_VALUES = ("regime", "test_acc", "test_loss", "train_loss", "frac_noisy_fitte
               "noisy_fit_step")
 
 
-def standard_figures(results_dir, out_dir=None, max_runs: int = 3) -> list[Path]:
-    """Every standard figure a finished sweep's tables allow, as PNGs in ``out_dir``
-    (default ``RESULTS_DIR/figures``): maps of :data:`MAP_VALUES` over the two longest axes, the
-    𝔖-ratio curves when ``noise_ratio`` is an axis, and, when dynamics were recorded, the
-    attention / 𝔖 / accuracy / gap dynamics of the first ``max_runs`` cells."""
+def representative_cells(runs: pd.DataFrame, axes: Sequence[str]) -> list[tuple[str, dict]]:
+    """One cell per regime that occurs (benign, harmful, not overfitting, mixed): the cell of
+    that majority regime nearest the middle of the grid, as ``(regime, {axis: value})``."""
+    if not axes:
+        return [("all", {})]
+    cells = A.aggregate(runs, by=list(axes), metrics=["test_acc"])
+    out = []
+    for r in (*REGIMES, "mixed"):
+        sub = cells[cells["regime"].astype(str) == r]
+        if sub.empty:
+            continue
+        ranks = np.zeros(len(sub))
+        for a in axes:
+            vals = np.sort(cells[a].unique())
+            pos = np.searchsorted(vals, sub[a].to_numpy())
+            ranks += np.abs(pos / max(len(vals) - 1, 1) - 0.5)
+        row = sub.iloc[int(np.argmin(ranks))]
+        out.append((r, {a: row[a] for a in axes}))
+    return out
+
+
+def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> list[Path]:
+    """Every standard figure a finished sweep's tables allow, in ``out_dir`` (default
+    ``RESULTS_DIR/figures``): maps of :data:`MAP_VALUES` over the two longest axes (line plots for
+    one axis), the 𝔖-ratio curves when ``noise_ratio`` is an axis, the Fig. 1 token projections of
+    a ``constructed_query`` sweep, and, with recorded dynamics, the attention / 𝔖 / gap dynamics of
+    one representative cell per regime and the accuracy dynamics of those cells."""
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir / "figures"
     runs = A.load(results_dir)
-    axes = sorted((a for a in A.cell_axes(runs) if a not in ("source", "sweep")),
-                  key=lambda a: -runs[a].nunique())
+    axes = sorted(A.cell_axes(runs), key=lambda a: -runs[a].nunique())
+    axes = [a for a in axes if a not in ("engine", "model")] or axes
     paths: list[Path] = []
     if len(axes) >= 2:
         x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
-        rest = [a for a in axes if a not in (x, y)]
-        where = {a: runs[a].iloc[0] for a in rest} or None
+        where = {a: runs[a].iloc[0] for a in axes if a not in (x, y)} or None
         for v in MAP_VALUES:
             if v != "regime" and v not in runs.columns:
                 continue
-            fig, _ = _map(runs, x, y, v, where)
-            paths.append(_save(fig, out / f"map_{v}_{y}_vs_{x}.png"))
+            fig, _ = _map(runs, {"x": x, "y": y, "value": v, "where": where})
+            paths += save(fig, out / f"map_{v}_{y}_vs_{x}", formats, dpi)
+    elif len(axes) == 1:
+        for v in ("test_acc", "train_acc", "test_loss"):
+            fig, _ = line_plot(runs, axes[0], v)
+            paths += save(fig, out / f"line_{v}_vs_{axes[0]}", formats, dpi)
     if "noise_ratio" in axes and "cumS_clean_pos" in runs.columns:
         fig, _ = s_ratio_curves(runs)
-        paths.append(_save(fig, out / "s_ratio_curves.png"))
+        paths += save(fig, out / "s_ratio_curves", formats, dpi)
     smp_path = results_dir / "samples.parquet"
-    if smp_path.exists() and "sel_e1" in pd.read_parquet(smp_path).columns:  # S1 sweeps
+    reps = representative_cells(runs, axes[:2] if len(axes) <= 2 else axes)
+    if smp_path.exists() and "sel_e1" in pd.read_parquet(smp_path).columns:  # constructed_query sweeps
         smp = A.load_samples(results_dir)
-        keys = [k for k in ("source", "run_id") if k in smp.columns]
-        for row in smp[keys].drop_duplicates().head(max_runs).itertuples(index=False):
-            one = smp[(smp[keys] == pd.Series(row._asdict())).all(axis=1)]
-            r = runs[(runs["run_id"] == one["run_id"].iloc[0])].iloc[0]
-            title = (", ".join(f"{_short(a)}={r[a]:.4g}" for a in axes) + " — " if axes else "") \
-                + f"train {r['train_acc']:.2f} / test {r['test_acc']:.2f}"
+        for r, w in reps:
+            one = A.select(smp, {**w, "seed": 0})
+            rr = A.select(runs, {**w, "seed": 0}).iloc[0]
+            title = (", ".join(f"{_short(a)}={_num(v)}" for a, v in w.items()) + " — " if w
+                     else "") + f"train {rr['train_acc']:.2f} / test {rr['test_acc']:.2f} ({r})"
             fig, _ = token_projection(one, title=title)
-            paths.append(_save(fig, out / f"token_projection_run{int(r['run_id'])}.png"))
+            paths += save(fig, out / f"token_projection_{r}", formats, dpi)
     if (results_dir / "dynamics.parquet").exists():
         dyn = A.load_dynamics(results_dir)
-        cell_keys = [a for a in axes]
-        cells = dyn[cell_keys].drop_duplicates().head(max_runs) if cell_keys else None
-        wheres = [dict(zip(cell_keys, row)) for row in cells.itertuples(index=False)] \
-            if cells is not None else [None]
-        for i, w in enumerate(wheres):
-            tag = "_".join(f"{k}{v:g}" if isinstance(v, (int, float, np.number)) else f"{k}{v}"
-                           for k, v in (w or {}).items()) or f"cell{i}"
+        for r, w in reps:
             sub = A.select(dyn, w)
-            if "attn_clean_t0" in sub.columns:
-                fig, _ = attention_dynamics(sub)
-                paths.append(_save(fig, out / f"attention_{tag}.png"))
+            label = ", ".join(f"{_short(a)}={_num(v)}" for a, v in w.items())
+            if any(c.startswith("attn_clean_t") for c in sub.columns):
+                fig, _ = attention_dynamics(sub, title=f"{r}: {label}" if label else r)
+                paths += save(fig, out / f"attention_{r}", formats, dpi)
+            if any(c.startswith("logit_clean_t") for c in sub.columns):
                 fig, _ = gap_dynamics(sub)
-                paths.append(_save(fig, out / f"gaps_{tag}.png"))
+                paths += save(fig, out / f"gaps_{r}", formats, dpi)
             if "ss_clean_pos" in sub.columns:
                 fig, _ = ss_dynamics(sub)
-                paths.append(_save(fig, out / f"ss_{tag}.png"))
-        hue = axes[:2] if axes else None
-        sel = dyn.merge(cells, on=cell_keys, how="inner") if cell_keys else dyn
-        fig, _ = accuracy_dynamics(sel, hue=hue)
-        paths.append(_save(fig, out / "accuracy_dynamics.png"))
-    return paths
-
-
-# --------------------------------------------------------------------------------------------
-# Reference figures
-# --------------------------------------------------------------------------------------------
-
-REFERENCE_DIR = Path("results/reference")
-REFERENCE_RUNS = Path("results/reference-runs")
-
-
-def reference_specs(size: str = "paper", seeds: int = 2):
-    """The sweeps behind ``results/reference/*.png``: the S3 (d, ‖μ‖) map and the S2 dynamics.
-
-    ``paper`` (default): S3 on the paper's 39 × 39 grid (``sweeps/sakamoto_heatmap.toml`` when
-    present) with ``seeds`` seeds per cell (the paper had 1); ``small``: S3 on an 8 × 9 log grid.
-    S2: the three SPEC settings, 1000 steps, dynamics every 10 steps and at 30 log-spaced steps,
-    4 seeds.
-    """
-    from .config import load_sweep, spec_from_dict
-
-    heat = Path("sweeps/sakamoto_heatmap.toml")
-    if size == "paper" and heat.exists():
-        s3 = load_sweep(heat, seeds=seeds)
-    elif size == "paper":
-        s3 = spec_from_dict(
-            {"n": 20, "T": 8, "rho": 0.1, "noise_ratio": 0.2, "lr": 5e-3, "steps": 1000,
-             "n_test": 1000},
-            {"d": {"start": 250, "stop": 5000, "step": 125},
-             "signal_norm": {"start": 5, "stop": 100, "step": 2.5}}, seeds=seeds,
-            name="ref_s3_paper")
-    else:
-        s3 = spec_from_dict(
-            {"n": 20, "T": 8, "rho": 0.1, "noise_ratio": 0.2, "lr": 5e-3, "steps": 1000,
-             "n_test": 1000},
-            {"d": [250, 400, 630, 1000, 1600, 2500, 4000, 6300],
-             "signal_norm": [2.5, 4, 6.3, 10, 16, 25, 40, 63, 100]}, seeds=seeds, name="ref_s3")
-    pts = TH.S2_POINTS
-    s2 = []
-    for name, p in pts.items():
-        s2.append(spec_from_dict(
-            {"n": 20, "T": 8, "rho": 0.1, "noise_ratio": 0.2, "lr": 5e-3, "steps": 1000,
-             "n_test": 1000, "d": p["d"], "signal_norm": p["signal_norm"], "record_every": 10,
-             "record_log": 30},
-            {}, seeds=4, name=f"ref_s2_{name}"))
-    return s3, s2
-
-
-def make_reference(size: str = "paper", out_dir: Path = REFERENCE_DIR,
-                   runs_dir: Path = REFERENCE_RUNS, quiet: bool = False,
-                   seeds: int = 2) -> list[Path]:
-    """Run the reference sweeps (resuming finished ones) and draw the reference PNGs."""
-    from .sweep import run_sweep
-
-    s3, s2 = reference_specs(size, seeds)
-    out_dir, runs_dir = Path(out_dir), Path(runs_dir)
-    # the reference directories belong to this command: a changed spec replaces their runs
-    df3 = run_sweep(s3, runs_dir / s3.name, quiet=quiet, plots=False, overwrite=True)
-    paths = []
-    fig, ax = regime_map(df3, theory=default_theory(df3, "signal_norm", "d"))
-    ax.set_title(f"S3 prompt attention, n = 20, r = 0.2, 1000 GD steps\n"
-                 f"regime ({_seed_text(A.aggregate(df3))})", fontsize=10)
-    paths.append(_save(fig, out_dir / "s3_regime_map.png", dpi=90))
-    fig, ax = value_map(df3, "test_loss", theory=default_theory(df3, "signal_norm", "d"))
-    paths.append(_save(fig, out_dir / "s3_test_loss.png", dpi=90))
-    dirs = []
-    for s in s2:
-        run_sweep(s, runs_dir / s.name, quiet=quiet, plots=False, overwrite=True)
-        dirs.append(runs_dir / s.name)
-    dyn = A.load_dynamics(dirs)
-    res = A.load(dirs)
-    fig, axes = plt.subplots(3, 2, figsize=(9.5, 9.0), sharex=True, sharey=True,
-                             layout="constrained")
-    for row, (name, p) in zip(axes, TH.S2_POINTS.items()):
-        w = {"d": p["d"], "signal_norm": p["signal_norm"], "seed": 0}
-        r = A.aggregate(A.select(res, {"d": p["d"], "signal_norm": p["signal_norm"]}), by=[])
-        tr, te, k = r["train_acc_mean"].iloc[0], r["test_acc_mean"].iloc[0], r["n_seeds"].iloc[0]
-        label = name.replace("_", " ")
-        attention_dynamics(dyn, where=w, axes=row)
-        row[0].set_ylabel(f"{label}: d={p['d']}, ‖μ‖={p['signal_norm']:g}\nfinal train {tr:.2f} "
-                          f"/ test {te:.3f} ({k} seeds)\nsoftmax probability", fontsize=9)
-    for ax in axes[:-1].ravel():
-        ax.set_xlabel("")
-    fig.suptitle("S2: softmax probability per token (seed 0), n = 20, r = 0.2, lr 5e-3",
-                 fontsize=11)
-    paths.append(_save(fig, out_dir / "s2_attention_dynamics.png", dpi=80))
-    fig, _ = accuracy_dynamics(dyn, hue=["d", "signal_norm"])
-    paths.append(_save(fig, out_dir / "s2_accuracy_dynamics.png", dpi=90))
+                paths += save(fig, out / f"ss_{r}", formats, dpi)
+        keys = [a for a in axes if a in dyn.columns][:3]
+        sel = pd.concat([A.select(dyn, w) for _, w in reps]) if keys else dyn
+        fig, _ = accuracy_dynamics(sel, hue=keys or None)
+        paths += save(fig, out / "accuracy_dynamics", formats, dpi)
     return paths
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m phasebo.plot",
-                                description="Draw the standard figures of a finished sweep, or "
-                                            "rebuild the reference figures.")
-    p.add_argument("results_dir", nargs="?", help="a sweep's output directory")
-    p.add_argument("--out", help="where to write PNGs (default: RESULTS_DIR/figures, or "
-                                 "results/reference with --reference)")
-    p.add_argument("--reference", action="store_true",
-                   help="run the reference sweeps and rebuild results/reference/*.png")
-    p.add_argument("--size", choices=("small", "paper"), default="paper",
-                   help="reference S3 grid: paper (39 x 39, default) or small (8 x 9)")
-    p.add_argument("--seeds", type=int, default=2,
-                   help="seeds per cell of the reference S3 map (default 2)")
-    p.add_argument("--max-cells", type=int, default=3,
-                   help="draw the dynamics figures of at most this many cells (default 3)")
-    p.add_argument("--quiet", action="store_true")
+                                description="Draw the standard figures of a finished sweep.",
+                                epilog="example: python -m phasebo.plot results/default "
+                                       "--format png,pdf --dpi 200")
+    p.add_argument("results_dir", help="a sweep's output directory")
+    p.add_argument("--out", help="where to write figures (default: RESULTS_DIR/figures)")
+    p.add_argument("--format", default="png", help="png, pdf, svg or a comma list")
+    p.add_argument("--dpi", type=int, default=150)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.reference:
-        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            import jax  # one CPU device per core, as the sweep CLI does
-
-            jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
-        paths = make_reference(args.size, Path(args.out or REFERENCE_DIR), quiet=args.quiet,
-                               seeds=args.seeds)
-    elif args.results_dir:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = build_parser()
+    if prog:
+        p.prog = prog
+    args = p.parse_args(argv)
+    formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
+    try:
+        if any(f not in ("png", "pdf", "svg") for f in formats) or not formats:
+            raise ConfigError(f"--format {args.format!r}: formats are png, pdf and svg")
         if not Path(args.results_dir).exists():
-            print(f"phasebo.plot: error: {args.results_dir} does not exist", file=sys.stderr)
-            return 2
-        paths = standard_figures(args.results_dir, args.out, max_runs=args.max_cells)
-    else:
-        build_parser().print_usage(sys.stderr)
-        print("phasebo.plot: error: give RESULTS_DIR or --reference", file=sys.stderr)
+            raise ConfigError(f"{args.results_dir} does not exist; fix: give a sweep's --out "
+                              "directory")
+        paths = standard_figures(args.results_dir, args.out, formats, args.dpi)
+    except ConfigError as e:
+        print(f"phasebo.plot: error: {e}", file=sys.stderr)
         return 2
-    for p in paths:
-        print(p)
+    for path in paths:
+        print(path)
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = None,
+                     theory: dict | None = None, color: str = "black"):
+    """Draw boundaries (:func:`phasebo.boundaries`) on a map with ``x`` across and ``y`` up: each
+    slice's boundary with its interval as a horizontal bar, the fitted power law
+    ``x* = prefactor · y^exponent`` (solid) with the band its exponent interval spans around the
+    fit's centre, and the theory's exponent with its prefactor fitted (dashed)."""
+    ok = b[np.isfinite(b["boundary"].to_numpy(float))]
+    if ok.empty:
+        return ax
+    yv = ok[y].to_numpy(float)
+    bx = ok["boundary"].to_numpy(float)
+    err = np.vstack([bx - ok["lo"].to_numpy(float), ok["hi"].to_numpy(float) - bx])
+    ax.errorbar(bx, yv, xerr=err, fmt="o", ms=3, color=color, ecolor=color, elinewidth=1,
+                capsize=2, label=f"boundary {ok['between'].iloc[0]} (95% CI)", zorder=5)
+    ys = np.geomspace(yv.min(), yv.max(), 100) if (yv > 0).all() else np.linspace(yv.min(),
+                                                                                   yv.max(), 100)
+    if fit is not None:
+        ax.plot(fit["prefactor"] * ys ** fit["exponent"], ys, color=color, lw=1.2,
+                label=f"fit: exponent {fit['exponent']:.2f} [{fit['lo']:.2f}, {fit['hi']:.2f}]")
+        yc = float(np.exp(np.mean(np.log(yv))))
+        xc = fit["prefactor"] * yc ** fit["exponent"]
+        lo, hi = (xc * (ys / yc) ** fit["lo"], xc * (ys / yc) ** fit["hi"])
+        ax.fill_betweenx(ys, np.minimum(lo, hi), np.maximum(lo, hi), color=color, alpha=0.15,
+                         lw=0)
+    if theory is not None:
+        ax.plot(theory["prefactor"] * ys ** theory["exponent"], ys, color=color, ls="--", lw=1.2,
+                label=f"theory: exponent {theory['exponent']:+g}")
+    ax.legend(fontsize=7, loc="best", framealpha=0.8)
+    return ax
+
+
+def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: str | None = None):
+    """The regime map of ``runs`` (refined grids drawn row by row) with the boundaries ``b``,
+    their power-law fit and the theory's exponent on top."""
+    from .boundaries import fit_power_law, theory_exponent
+
+    fig, ax = regime_map(runs, x, y, title=title)
+    fit = th = None
+    try:
+        fit = fit_power_law(b, y)
+        t = theory_exponent(x, y)
+        th = fit_power_law(b, y, exponent=t[0]) if t else None
+    except ValueError:
+        pass
+    boundary_overlay(ax, b, x, y, fit, th)
+    return fig

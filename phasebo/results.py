@@ -1,18 +1,22 @@
-"""Tidy results tables: rows from run outputs, regimes, Parquet parts and their assembly.
+"""Tidy results tables: regimes, the schema, atomic Parquet parts and their assembly.
 
 Three long-format tables, one row per:
 
-- ``results``: run (settings, derived SNR columns, final metrics, ``status``, ``regime``);
+- ``results``: run (its model's settings, derived SNR columns, final metrics, ``status``,
+  ``regime``);
 - ``dynamics``: (run, recorded step), when the sweep records dynamics;
 - ``samples``: (run, training sample): clean label, flipped, first-fit step, final margin.
 
-Parts are written atomically (temporary file + rename) as a sweep goes; ``assemble`` joins them,
-checks that every run id appears exactly once, and writes ``results.parquet`` / ``results.csv``.
+Parts are written atomically (temporary file + rename) as a sweep goes; :func:`assemble` joins the
+parts of the runs a sweep specification names (each exactly once, in the specification's order),
+applies the schema (ordered categoricals, integer counts) and writes ``results.parquet`` /
+``results.csv`` (and ``dynamics.parquet``, ``samples.parquet``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -21,14 +25,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .settings import ConfigError
+
 REGIMES = ("benign", "harmful", "not_overfitting")
+REGIME_ORDER = (*REGIMES, "diverged")
+STATUSES = ("ok", "diverged")
+INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step")
 
 
-def classify_regime(
-    train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.0
-) -> np.ndarray:
-    """SPEC §3: not_overfitting if train acc < fit threshold; else benign iff test acc >=
-    1 - test_eps, harmful otherwise. Runs whose status is not ``ok`` get their status instead."""
+def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.0) -> np.ndarray:
+    """``not_overfitting`` if train acc < the fit threshold; else ``benign`` iff test acc >=
+    1 - test_eps, ``harmful`` otherwise. Runs whose status is not ``ok`` get their status."""
     train_acc = np.asarray(train_acc, float)
     test_acc = np.asarray(test_acc, float)
     status = np.asarray(status, object)
@@ -43,12 +50,30 @@ def classify_regime(
 
 
 def derived_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """SNR columns: ``snr = ||mu|| / (sigma_eps sqrt d)`` and ``n_snr2 = n snr^2`` (SPEC §1, §2)."""
+    """SNR columns: ``snr = ||mu|| / (sigma_eps sqrt d)`` and ``n_snr2 = n snr^2``."""
     if {"signal_norm", "d"} <= set(df.columns):
         sigma = df["sigma_eps"] if "sigma_eps" in df.columns else 1.0
         df["snr"] = df["signal_norm"] / (sigma * np.sqrt(df["d"].astype(float)))
         if "n" in df.columns:
             df["n_snr2"] = df["n"] * df["snr"] ** 2
+    return df
+
+
+def apply_schema(df: pd.DataFrame, models=None, engines=None) -> pd.DataFrame:
+    """Ordered categoricals for ``regime`` (benign < harmful < not_overfitting < diverged),
+    categoricals for ``status``, ``model``, ``engine``; integer types for counts and steps."""
+    if "regime" in df.columns:
+        df["regime"] = pd.Categorical(df["regime"].astype(str), categories=REGIME_ORDER,
+                                      ordered=True)
+    if "status" in df.columns:
+        df["status"] = pd.Categorical(df["status"].astype(str), categories=STATUSES)
+    for col, cats in (("model", models), ("engine", engines)):
+        if col in df.columns:
+            c = sorted(set(df[col].astype(str))) if cats is None else list(cats)
+            df[col] = pd.Categorical(df[col].astype(str), categories=c)
+    for c in INT_COLUMNS:
+        if c in df.columns and df[c].notna().all():
+            df[c] = df[c].astype(np.int64)
     return df
 
 
@@ -67,55 +92,92 @@ def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def read_parts(parts_dir: Path, kind: str, tags: set[str] | None = None) -> pd.DataFrame | None:
-    """Concatenate the ``kind`` parts; with ``tags``, only the chunks whose tag is in it."""
+def part_files(parts_dir: Path, kind: str, tags: set[str] | None = None) -> list[Path]:
     files = sorted(Path(parts_dir).glob(f"{kind}-*.parquet"))
     if tags is not None:
-        files = [f for f in files if f.name[len(kind) + 1 :] in tags]
+        files = [f for f in files if f.name[len(kind) + 1:] in tags]
+    return files
+
+
+def read_parts(parts_dir: Path, kind: str, tags: set[str] | None = None) -> pd.DataFrame | None:
+    """Concatenate the ``kind`` parts; with ``tags``, only the chunks whose tag is in it."""
+    files = part_files(parts_dir, kind, tags)
     if not files:
         return None
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
 
-def done_run_ids(parts_dir: Path) -> set[int]:
-    """Run ids already written as parts (each part is complete: it was renamed into place)."""
-    ids: set[int] = set()
-    for f in sorted(Path(parts_dir).glob("results-*.parquet")):
-        ids.update(pq.read_table(f, columns=["run_id"]).column(0).to_pylist())
-    return ids
+def done_run_ids(parts_dir: Path) -> np.ndarray:
+    """Sorted run ids already written as results parts (each part is complete: renamed into
+    place); 8 bytes per run."""
+    ids = [pq.read_table(f, columns=["run_id"]).column(0).to_numpy()
+           for f in part_files(parts_dir, "results")]
+    return np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
 
 
-def assemble(out_dir: Path, n_runs: int) -> pd.DataFrame:
-    """Join the parts into ``results.parquet``/``.csv`` (+ ``dynamics``/``samples`` Parquet)."""
+def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
+             write: bool = True, partial: bool = False) -> pd.DataFrame:
+    """Join the parts of the runs ``expected`` (run ids in specification order) into the tables.
+
+    Every expected run must be there exactly once (``partial``: the ones that are), rows keep the
+    specification's order, and runs of the directory that the specification does not name are
+    left out (they stay in the parts).
+    """
     out_dir = Path(out_dir)
     parts = out_dir / "parts"
     df = read_parts(parts, "results")
     if df is None:
-        raise RuntimeError(f"no result parts under {parts}")
-    df = df.sort_values("run_id", kind="stable").reset_index(drop=True)
-    dup = df["run_id"].duplicated()
-    if dup.any():
-        raise RuntimeError(f"run ids written twice: {df.loc[dup, 'run_id'].tolist()[:10]}")
-    missing = sorted(set(range(n_runs)) - set(df["run_id"]))
-    if missing:
-        raise RuntimeError(f"{len(missing)} runs missing from the parts, e.g. {missing[:10]}")
-    write_table_atomic(df, out_dir / "results.parquet")
-    write_csv_atomic(df, out_dir / "results.csv")
+        raise ConfigError(f"{out_dir} has no finished runs yet (no result parts under {parts}); "
+                          "fix: run the sweep first")
+    df = df.drop_duplicates("run_id", keep="first")
+    pos = pd.Index(np.asarray(expected, np.int64)).get_indexer(df["run_id"].to_numpy())
+    df = df[pos >= 0].assign(_pos=pos[pos >= 0]).sort_values("_pos", kind="stable")
+    missing = len(expected) - len(df)
+    if missing and not partial:
+        raise RuntimeError(f"{missing} runs of the sweep are missing from {parts}")
+    df = apply_schema(df.drop(columns="_pos").reset_index(drop=True), models, engines)
+    if write:
+        write_table_atomic(df, out_dir / "results.parquet")
+        write_csv_atomic(df, out_dir / "results.csv")
     # A chunk killed after its dynamics/samples parts but before its results part was rerun
     # (maybe in other chunks): read only the parts of chunks whose results part exists.
-    tags = {f.name[len("results-") :] for f in parts.glob("results-*.parquet")}
-    for kind in ("dynamics", "samples"):
+    tags = {f.name[len("results-"):] for f in part_files(parts, "results")}
+    order = pd.Index(df["run_id"].to_numpy())
+    for kind, inner in (("dynamics", "step"), ("samples", "sample")):
         t = read_parts(parts, kind, tags)
-        if t is not None:
-            sort = ["run_id", "step" if kind == "dynamics" else "sample"]
-            t = t.sort_values(sort, kind="stable").reset_index(drop=True)
+        if t is None:
+            continue
+        t = t.drop_duplicates(["run_id", inner], keep="first")
+        p = order.get_indexer(t["run_id"].to_numpy())
+        t = t[p >= 0].assign(_pos=p[p >= 0]).sort_values(["_pos", inner], kind="stable")
+        t = t.drop(columns="_pos").reset_index(drop=True)
+        if write:
             write_table_atomic(t, out_dir / f"{kind}.parquet")
     return df
 
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    """Read a sweep's results: a results directory or a ``results.parquet`` file."""
+def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
+    """Read a sweep's results: a results directory or a ``results.parquet`` file. ``partial``:
+    read the finished parts of an interrupted sweep (no ``results.parquet`` yet)."""
     path = Path(path)
     if path.is_dir():
-        path = path / "results.parquet"
+        f = path / "results.parquet"
+        if f.exists() and not partial:
+            return pd.read_parquet(f)
+        if (path / "parts").is_dir():
+            if not partial:
+                raise ConfigError(f"{path} holds an unfinished sweep (no results.parquet); fix: "
+                                  "rerun the sweep to finish it, or load(..., partial=True) to "
+                                  "read its finished parts")
+            df = read_parts(path / "parts", "results")
+            if df is None:
+                raise ConfigError(f"{path} has no finished runs yet")
+            print(f"phasebo: {path}: read {len(df)} finished runs of an unfinished sweep",
+                  file=sys.stderr)
+            return apply_schema(df.drop_duplicates("run_id").reset_index(drop=True))
+        raise ConfigError(f"{path} is not a sweep directory (no results.parquet); fix: give the "
+                          "--out directory of a sweep")
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; fix: give a sweep directory or a "
+                          "results.parquet file")
     return pd.read_parquet(path)

@@ -1,9 +1,9 @@
 """Theory next to the simulations: SNRs, phase boundaries, gap growth, closed forms, 𝔖 ratios.
 
-Every function states its source. "SPEC" is ``SPEC.md`` of this project, which summarises the two
-papers; **reconstruction** marks a formula that neither paper states in this form and that
-phasebo derived or chose (the docstring says how). NumPy only: this module reads tables and
-arrays and never imports :mod:`phasebo.plot` (plot imports theory).
+Every function states its source ([S] or [M] below); **reconstruction** marks a formula that
+neither paper states in this form and that phasebo derived or chose (the docstring says how).
+NumPy only: this module reads tables and arrays and never imports :mod:`phasebo.plot` (plot
+imports theory).
 
 Papers:
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-# The three S2 reference settings of SPEC §1 (n = 20): (d, ||mu||) and their n SNR^2.
+# The three reference settings of [S]'s Figs. 3-5 (n = 20): (d, ||mu||) and their n SNR^2.
 S2_POINTS = {
     "harmful": {"d": 5000, "signal_norm": 5.0, "n": 20, "n_snr2": 0.1},
     "benign": {"d": 2000, "signal_norm": 20.0, "n": 20, "n_snr2": 4.0},
@@ -34,26 +34,27 @@ S2_POINTS = {
 def snr_sakamoto(signal_norm, d, sigma_eps=1.0):
     """``SNR = ‖μ‖ / (σ_ε √d)`` for the Sakamoto data (every token has noise ``N(0, σ_ε² I_d)``).
 
-    Source: SPEC §1 ("a natural form for this data model"); [S]'s theorems are phrased through
+    Source: [S]'s data model (a natural form for it); [S]'s theorems are phrased through
     ``‖μ‖``, ``σ_ε``, ``d`` and ``n`` separately, so this single-number form is a
-    **reconstruction** chosen so that ``n·SNR²`` orders the S2 settings (0.1, 4, 200).
+    **reconstruction** chosen so that ``n·SNR²`` orders the settings of [S]'s Figs. 3-5 (0.1, 4, 200).
     """
     return np.asarray(signal_norm, float) / (np.asarray(sigma_eps, float) *
                                              np.sqrt(np.asarray(d, float)))
 
 
 def snr_magen(rho, d):
-    """``SNR = ρ / √d`` with ``ρ = ‖μ₁‖ = ‖μ₂‖`` the signal norm ([M], SPEC §2; noise ``σ = 1``)."""
+    """``SNR = ρ / √d`` with ``ρ = ‖μ₁‖ = ‖μ₂‖`` the signal norm ([M]; noise ``σ = 1``)."""
     return np.asarray(rho, float) / np.sqrt(np.asarray(d, float))
 
 
 def n_snr2(signal_norm, d, n, sigma_eps=1.0):
-    """``n·SNR²`` — the combination that orders the regimes (SPEC §1; see :func:`snr_sakamoto`)."""
+    """``n·SNR²`` — the combination that orders the regimes of [S] (**reconstruction**; see
+    :func:`snr_sakamoto`)."""
     return np.asarray(n, float) * snr_sakamoto(signal_norm, d, sigma_eps) ** 2
 
 
 def iso_snr_signal_norm(d, kappa, n, sigma_eps=1.0):
-    """The iso-SNR curve ``n·SNR² = κ`` as ``‖μ‖(d) = σ_ε √(κ d / n)`` (SPEC §1)."""
+    """The iso-SNR curve ``n·SNR² = κ`` as ``‖μ‖(d) = σ_ε √(κ d / n)`` (from :func:`n_snr2`)."""
     return np.asarray(sigma_eps, float) * np.sqrt(np.asarray(kappa, float) *
                                                   np.asarray(d, float) / np.asarray(n, float))
 
@@ -68,13 +69,13 @@ def iso_snr_d(signal_norm, kappa, n, sigma_eps=1.0):
 
 def magen_boundary_snr(n, c=1.0):
     """The benign/harmful boundary ``SNR = c/√n`` of [M] (max-margin / min-norm solutions are
-    benign iff ``SNR ≳ 1/√n``; SPEC §2). The constant ``c`` is not given by the paper (its
+    benign iff ``SNR ≳ 1/√n``). The constant ``c`` is not given by the paper (its
     results are up to constants): ``c = 1`` is a **reconstruction**/choice, fit it to a map."""
     return float(c) / np.sqrt(np.asarray(n, float))
 
 
 def magen_boundary_rho(n, d, c=1.0):
-    """The same boundary as a signal norm: ``n ρ² / d = c²`` ⇔ ``ρ = c √(d / n)`` (SPEC §2)."""
+    """The same boundary as a signal norm: ``n ρ² / d = c²`` ⇔ ``ρ = c √(d / n)`` ([M])."""
     return float(c) * np.sqrt(np.asarray(d, float) / np.asarray(n, float))
 
 
@@ -84,7 +85,7 @@ def magen_boundary_rho(n, d, c=1.0):
 
 
 def g(x, T):
-    """Growth function ``g(x) = 2x + 2 sinh(x − log T)`` of [S] (SPEC §1): under gradient flow
+    """Growth function ``g(x) = 2x + 2 sinh(x − log T)`` of [S]: under gradient flow
     ``g(gap(τ))`` grows about linearly in τ, so gaps grow about logarithmically. ``g(log T) =
     2 log T``; ``g`` is strictly increasing (``g' = 2 + 2 cosh > 0``)."""
     x = np.asarray(x, float)
@@ -168,7 +169,7 @@ def two_step(X, y, beta):
     """The first two GD steps of ``f = v^T X^T S(X p)`` from ``v = p = 0`` (step ``β``, mean
     logistic loss), in closed form. ``X: (n, T, d)``, ``y: (n,)`` in ``{±1}``.
 
-    Step 1 (SPEC §2, [M]): at ``p = 0`` the softmax is uniform and ``f = 0``; ``∂_p f = 0`` because
+    Step 1 ([M]): at ``p = 0`` the softmax is uniform and ``f = 0``; ``∂_p f = 0`` because
     ``v = 0``, so ``p₁ = 0``, and ``ℓ'(0) = −½`` gives ``v₁ = (β / (2nT)) Σᵢ yᵢ Σₜ xᵢₜ``, i.e.
     ``v₁ = (β/(4n)) Σᵢ yᵢ (xᵢ⁽¹⁾ + xᵢ⁽²⁾)`` for ``T = 2``.
 
@@ -205,7 +206,7 @@ def two_step(X, y, beta):
 
 
 def s_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """The 𝔖 ratios of each run from its ``cumS_*`` columns (SPEC §1, [S]).
+    """The 𝔖 ratios of each run from its ``cumS_*`` columns ([S]).
 
     ``cumS_g = Σ_τ Σ_{i∈g} 𝔖⁽ⁱ⁾(τ)``, ``𝔖⁽ⁱ⁾ = s_R(1 − s_R)``, for the groups ``g`` =
     clean/noisy × clean class (pos: clean label +1). Clean samples of class c pull p toward

@@ -45,7 +45,7 @@ def test_aggregate_matches_hand_computed_numbers():
     assert a["test_acc_min"] == pytest.approx(0.90)
     assert a["test_acc_max"] == pytest.approx(0.99)
     assert a["train_acc_mean"] == pytest.approx((1 + 1 + 0.9) / 3)
-    assert (a["n_seeds"], a["n_ok"], a["n_failed"]) == (3, 3, 0)
+    assert (a["n_seeds"], a["n_runs"], a["n_ok"], a["n_failed"]) == (3, 3, 3, 0)
     assert a["frac_benign"] == pytest.approx(1 / 3)
     assert a["frac_harmful"] == pytest.approx(1 / 3)
     assert a["frac_not_overfitting"] == pytest.approx(1 / 3)
@@ -99,19 +99,25 @@ def test_pivot_refuses_an_unfixed_third_axis():
     assert g.shape == (2, 2)
 
 
+def _write_sweep(d, runs):
+    d.mkdir()
+    runs.to_parquet(d / "results.parquet")
+    pd.DataFrame({"run_id": [0, 0, 1], "step": [0, 5, 0], "test_acc": [0.5, 0.6, 0.7]}
+                 ).to_parquet(d / "dynamics.parquet")
+
+
 def test_load_several_sweeps_dynamics_join_and_export(tmp_path):
-    for name, off in (("a", 0.0), ("b", 0.01)):
-        d = tmp_path / name
-        d.mkdir()
-        runs = synthetic_runs().assign(test_acc=lambda t, off=off: t["test_acc"] + off)
-        runs.to_parquet(d / "results.parquet")
-        pd.DataFrame({"run_id": [0, 0, 1], "step": [0, 5, 0], "test_acc": [0.5, 0.6, 0.7]}
-                     ).to_parquet(d / "dynamics.parquet")
+    base = synthetic_runs().assign(root_seed=0)
+    _write_sweep(tmp_path / "a", base)
+    # the same settings under another root seed: other runs (other ids), more seeds per cell
+    _write_sweep(tmp_path / "b", base.assign(root_seed=1, run_id=base["run_id"] + 100,
+                                             test_acc=base["test_acc"] + 0.01))
     both = pb.load([tmp_path / "a", tmp_path / "b" / "results.parquet"])
     assert len(both) == 18 and both["source"].nunique() == 2
-    assert "source" in A.cell_axes(both)
-    agg = A.aggregate(both, by=["d", "signal_norm"])  # pool the two sweeps' seeds
-    assert agg.set_index(["d", "signal_norm"]).loc[(100, 10.0), "n_seeds"] == 6
+    assert "source" not in A.cell_axes(both) and "root_seed" not in A.cell_axes(both)
+    agg = A.aggregate(both)
+    c = agg.set_index(["d", "signal_norm"])
+    assert c.loc[(100, 10.0), "n_seeds"] == 6  # distinct (seed, root_seed) pairs
     dyn = pb.load_dynamics(tmp_path / "a")
     assert list(dyn["d"]) == [100, 100, 100] and list(dyn["seed"]) == [0, 0, 1]
     for suffix in ("csv", "parquet"):
@@ -121,5 +127,57 @@ def test_load_several_sweeps_dynamics_join_and_export(tmp_path):
         assert np.allclose(back["test_acc_mean"], agg["test_acc_mean"], equal_nan=True)
     with pytest.raises(ValueError, match="csv"):
         pb.export(agg, tmp_path / "cells.xlsx")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(pb.ConfigError, match="does not exist"):
         pb.load(tmp_path / "nope")
+
+
+def test_loading_the_same_runs_twice_keeps_them_once(tmp_path):
+    _write_sweep(tmp_path / "a", synthetic_runs())
+    _write_sweep(tmp_path / "b", synthetic_runs())
+    with pytest.warns(UserWarning, match="9 runs appear in more than one"):
+        both = pb.load([tmp_path / "a", tmp_path / "b"])
+    assert len(both) == 9
+    assert A.aggregate(both).set_index(["d", "signal_norm"]).loc[(100, 5.0), "n_seeds"] == 3
+    with pytest.raises(pb.ConfigError, match="load each run once"):
+        pb.load([tmp_path / "a", tmp_path / "b"], duplicates="error")
+
+
+def test_aggregate_never_pools_a_varying_setting_silently():
+    runs = synthetic_runs()
+    with pytest.raises(ValueError, match=r"signal_norm varies inside the cells of by=\['d'\]"):
+        A.aggregate(runs, by=["d"])
+    pooled = A.aggregate(runs, by=["d"], over=["signal_norm"])
+    assert "signal_norm" not in pooled.columns  # dropped, not filled from the first row
+    assert pooled.set_index("d").loc[100, "n_runs"] == 6
+    assert pooled.set_index("d").loc[100, "n_seeds"] == 3  # the same 3 seeds in both cells
+    assert (pooled["n"] == 20).all()  # constant settings stay
+
+
+def test_aggregate_metrics_and_names():
+    agg = A.aggregate(synthetic_runs(), metrics=["test_acc"])
+    stats = [c for c in agg.columns if c.startswith("test_acc")]
+    assert stats == ["test_acc_mean", "test_acc_se", "test_acc_min", "test_acc_max"]
+    assert not [c for c in agg.columns if c.startswith("train_acc")]
+    assert "n" not in agg.columns  # metrics=: just the cells, counts, regimes and those metrics
+    full = A.aggregate(synthetic_runs())
+    assert full.columns.is_unique and not [c for c in full.columns if c.endswith("_mean_mean")]
+
+
+def test_regime_fractions_have_wilson_intervals():
+    agg = A.aggregate(synthetic_runs()).set_index(["d", "signal_norm"])
+    e = agg.loc[(200, 5.0)]  # 2 harmful of 3
+    lo, hi = pb.wilson(2, 3)
+    assert e["frac_harmful_lo"] == pytest.approx(lo) and e["frac_harmful_hi"] == pytest.approx(hi)
+    # Wilson's interval at z = 1.96 for 2/3: (0.2077, 0.9385)
+    assert (lo, hi) == pytest.approx((0.2077, 0.9385), abs=1e-4)
+    assert e["frac_harmful_se"] == pytest.approx(np.sqrt(2 / 3 * 1 / 3 / 3))
+    assert agg["regime"].dtype == "category" and agg["regime"].cat.ordered
+
+
+def test_loading_an_interrupted_sweep(tmp_path):
+    parts = tmp_path / "s" / "parts"
+    parts.mkdir(parents=True)
+    synthetic_runs().iloc[:4].to_parquet(parts / "results-a.parquet")
+    with pytest.raises(pb.ConfigError, match="unfinished sweep.*partial=True"):
+        pb.load(tmp_path / "s")
+    assert len(pb.load(tmp_path / "s", partial=True)) == 4

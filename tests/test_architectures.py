@@ -17,10 +17,11 @@ import pytest
 from scipy.special import erf
 
 import phasebo
-from phasebo import config as C
-from phasebo.encoder import Encoder
-from phasebo.magen import MultiLayer, SelfAttention, SingleHead, init_model
-from phasebo.train import run_one
+from phasebo.models.encoder import Encoder
+from phasebo.models.self_attention import MultiLayer, SelfAttention
+from phasebo.models.single_head import SingleHead
+from phasebo.registry import MODELS, all_settings
+from phasebo.sweep import run_one
 
 RNG = np.random.default_rng(0)
 N, T, D = 6, 3, 5
@@ -181,11 +182,11 @@ def test_one_layer_multi_layer_is_self_attention():
     ml = MultiLayer(Ws=(m.W,), v=m.v)
     for a, b in zip(m(Xj), ml(Xj)[:2]):
         np.testing.assert_allclose(a, b, rtol=1e-6)
-    st = C.make_static(model="self_attention", d=D, init="gaussian")
+    sa, ml = MODELS["self_attention"], MODELS["multi_layer"]
     sw = {"init_scale": jnp.asarray(0.1)}
     key = jax.random.PRNGKey(3)
-    a = init_model(st, sw, key, jnp.float32)
-    b = init_model(st.replace(model="multi_layer", n_layers=1), sw, key, jnp.float32)
+    a = sa.init(sa.static_of({"d": D, "init": "gaussian"}), sw, key, None)[0]
+    b = ml.init(ml.static_of({"d": D, "init": "gaussian", "n_layers": 1}), sw, key, None)[0]
     np.testing.assert_array_equal(a.W, b.Ws[0])
     np.testing.assert_array_equal(a.v, b.v)
 
@@ -195,41 +196,38 @@ def test_settings_and_checks():
         assert m in phasebo.MODELS
     for k in ("weight_decay", "project", "radius_v", "radius_p", "query_lambda", "n_layers",
               "residual", "mlp_width", "noise_mode", "signal_noise"):
-        assert k in C.SETTINGS
-    with pytest.raises(phasebo.ConfigError, match="test_mode"):
-        phasebo.spec_from_dict({"model": "multi_layer"})
-    with pytest.raises(phasebo.ConfigError, match="test_mode"):
-        phasebo.spec_from_dict({"model": "encoder"})
-    with pytest.raises(phasebo.ConfigError, match="isotropic"):
+        assert k in all_settings()
+    for model in ("multi_layer", "encoder", "constructed_query"):  # their test sets are sampled
+        with pytest.raises(phasebo.ConfigError, match="test_mode = 'sampled' is not a setting"):
+            phasebo.spec_from_dict({"model": model, "test_mode": "sampled"})
+    with pytest.raises(phasebo.ConfigError, match="noise_mode = 'projected' is not a setting of "
+                                                  "model 'prompt_attention'"):
         phasebo.spec_from_dict({"model": "prompt_attention", "noise_mode": "projected"})
     with pytest.raises(phasebo.ConfigError, match="T = 1"):
         phasebo.spec_from_dict({"model": "single_head", "T": 1})
 
 
 SWEEP_DIR = Path(__file__).parent.parent / "sweeps"
-MINE = [SWEEP_DIR / f"{name}.toml" for name in (
-    "magen_two_step", "magen_step_sizes", "magen_vary_d", "magen_self_attention",
-    "magen_multi_token", "magen_snr_n_heatmap", "magen_gaussian_init", "magen_multi_layer",
-    "magen_weight_decay", "sakamoto_encoder", "sakamoto_fig1",
-)]
-
-
-@pytest.mark.parametrize("path", MINE, ids=[p.stem for p in MINE])
-def test_sweep_files_validate(path):
-    spec = C.load_sweep(path)
-    assert spec.n_runs >= 1
+SMALL = {"d": 64, "n": 20, "n_test": 50, "steps": 3}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", MINE, ids=[p.stem for p in MINE])
+@pytest.mark.parametrize("path", sorted(SWEEP_DIR.glob("*.toml")), ids=lambda p: p.stem)
 def test_sweep_files_run_small(path, tmp_path):
     """Each sweep file through the CLI at toy sizes (one seed, d 64, 3 steps)."""
+    from phasebo.config import load_sweep
     from phasebo.sweep import main
 
-    small = ["d=64", "n=20", "n_test=50", "steps=3", "mlp_width=16"]
+    spec = load_sweep(path)
+    models = set(spec.values("model")) or {"prompt_attention"}
+    small = dict(SMALL)
+    if "encoder" in models:
+        small["mlp_width"] = 16
+    names = set().union(*(MODELS[m].settings for m in models))
     args = [str(path), "--out", str(tmp_path / "o"), "--seeds", "1", "--quiet", "--no-plots"]
-    for item in small:
-        args += ["--set", item]
+    for k, v in small.items():
+        if k in names and not (k == "steps" and "constructed_query" in models):
+            args += ["--set", f"{k}={v}"]
     assert main(args) == 0
     df = pd.read_parquet(tmp_path / "o" / "results.parquet")
     assert (df.status == "ok").all() and df.test_acc.notna().all()
@@ -237,8 +235,7 @@ def test_sweep_files_run_small(path, tmp_path):
 
 def test_encoder_trains_and_reports_attention():
     o = run_one(dict(model="encoder", d=16, n=12, T=4, signal_norm=6.0, noise_ratio=0.2,
-                     lr=5e-2, steps=4, n_test=20, mlp_width=8, test_mode="sampled",
-                     record_every=4))
+                     lr=5e-2, steps=4, n_test=20, mlp_width=8, record_every=4))
     f = {k: float(v) for k, v in o.final.items()}
     assert f["status"] == 0 and f["train_loss"] < float(o.dynamics["train_loss"][0])
     assert 0 < f["attn_cls"] < 1 and 0 < f["mass_noisy_weak_opp"] < 1

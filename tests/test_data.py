@@ -63,7 +63,8 @@ def test_projected_scores_match_the_gaussian_law():
     d = 30
     q, nu = rng.normal(size=d), rng.normal(size=d)
     sig = np.zeros((50000, 1, 2), np.float32)
-    lg, hd = projected_scores(jr.PRNGKey(1), sig, q.astype(np.float32), nu.astype(np.float32),
+    z = jr.normal(jr.PRNGKey(1), sig.shape, np.float32)
+    lg, hd = projected_scores(z, sig, q.astype(np.float32), nu.astype(np.float32),
                               np.float32(2.0))
     emp = np.cov(np.stack([np.asarray(hd).ravel(), np.asarray(lg).ravel()]))
     want = 4.0 * np.array([[nu @ nu, nu @ q], [nu @ q, q @ q]])
@@ -77,7 +78,7 @@ def test_projected_test_set_agrees_with_sampled_tokens():
     for run_id in range(3):
         for mode in accs:
             f = phasebo.run_one(dict(d=1000, signal_norm=4.0, steps=300, n_test=3000,
-                                     engine="direct", test_mode=mode), run_id=run_id).final
+                                     engine="direct", test_mode=mode), seed=run_id).final
             accs[mode].append(float(f["test_acc"]))
             losses[mode].append(float(f["test_loss"]))
     a, b = np.mean(accs["projected"]), np.mean(accs["sampled"])

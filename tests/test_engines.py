@@ -15,15 +15,20 @@ import pytest
 from scipy import stats
 
 import phasebo
-from phasebo import config as C
-from phasebo.config import ConfigError
-from phasebo.data import projected_scores, sakamoto_sample, token_roles
-from phasebo.engines.prompt import reduced_sample
-from phasebo.engines.span import flat_gram, span_gd
+from phasebo import data
+from phasebo.data import (
+    projected_scores,
+    projection_normals,
+    sakamoto_reduced_sample,
+    sakamoto_sample,
+    token_roles,
+)
+from phasebo.engines.span import SpanProblem, flat_gram, span_system
 from phasebo.engines.wishart import bartlett_factor, factor_width
-from phasebo.models import sakamoto_head
-from phasebo.sweep import run_sweep
-from phasebo.train import MODELS, resolve_engine, run_one, swept_arrays
+from phasebo.models.prompt_attention import sakamoto_head
+from phasebo.registry import MODELS, resolve_engine
+from phasebo.settings import ConfigError
+from phasebo.sweep import prepare_one, run_one, run_sweep
 
 
 @pytest.fixture
@@ -66,8 +71,8 @@ PROMPT_VARIANTS = {
 def test_gram_reproduces_direct_prompt_attention(x64, variant):
     s = dict(d=300, signal_norm=20.0, dtype="float64", steps=60, n_test=200,
              **PROMPT_VARIANTS[variant])
-    direct = run_one(s, engine="direct", run_id=5)
-    gram = run_one(s, engine="gram", run_id=5)
+    direct = run_one(s, engine="direct", seed=5)
+    gram = run_one(s, engine="gram", seed=5)
     if variant == "identity":  # logits and attention of the tracked samples at several steps
         assert np.asarray(direct.dynamics["logit_clean_t0"]).shape == (5,)
     _compare_outputs(direct, gram, rtol=1e-9, atol=1e-10)
@@ -79,9 +84,62 @@ def test_gram_reproduces_direct_single_head(x64):
              label_noise="bernoulli", noise_ratio=0.1, lr=0.05, dtype="float64", steps=40,
              n_test=200, init="gaussian", init_scale=0.05, weight_decay=0.05,
              noise_mode="isotropic", signal_noise=True)
-    direct = run_one(s, engine="direct", run_id=2)
-    gram = run_one(s, engine="gram", run_id=2)
+    direct = run_one(s, engine="direct", seed=2)
+    gram = run_one(s, engine="gram", seed=2)
     _compare_outputs(direct, gram, rtol=1e-9, atol=1e-10)
+
+
+def test_gram_w_and_p_engine_equals_direct(x64):
+    """The exact W+p span engine (prompt attention with W and p trained, W uniform at step 0) on
+    the direct engine's data: every final metric, the dynamics and the per-sample first-fit steps
+    in float64; and with W_0 = I and weight decay."""
+    s = dict(d=120, signal_norm=8.0, dtype="float64", steps=50, lr=0.5, n_test=200,
+             record_every=10, train=["p", "W"])
+    for extra in ({}, {"W_init": "identity", "weight_decay": 0.02, "test_mode": "sampled"}):
+        direct = run_one({**s, **extra}, engine="direct", seed=1)
+        gram = run_one({**s, **extra}, engine="gram", seed=1)
+        _compare_outputs(direct, gram, rtol=1e-9, atol=1e-10)
+        assert float(gram.final["q_norm"]) > 0 and float(direct.final["train_loss"]) < 0.69
+    assert resolve_engine(MODELS["prompt_attention"],
+                          MODELS["prompt_attention"].static_of(
+                              {**s, "train": ("p", "W"), "engine": "auto"})).name == "gram"
+
+
+@pytest.mark.parametrize("rule", ["weight_decay", pytest.param("project", marks=pytest.mark.slow)])
+def test_learning_rules_of_prompt_attention_on_every_engine(x64, rule):
+    """weight_decay and project change prompt attention's run exactly as on the direct engine:
+    gram reproduces direct to 1e-9 on the same data; reduced (another draw of the same law) moves
+    the same way: a smaller ||p|| than plain GD, and within the ball."""
+    base = dict(d=200, signal_norm=10.0, dtype="float64", steps=60, lr=0.5, n_test=300,
+                record_every=20)
+    extra = {"weight_decay": 0.05} if rule == "weight_decay" else \
+        {"project": True, "radius_p": 0.3}
+    plain = run_one(base, engine="direct", seed=3)
+    direct = run_one({**base, **extra}, engine="direct", seed=3)
+    gram = run_one({**base, **extra}, engine="gram", seed=3)
+    _compare_outputs(direct, gram, rtol=1e-9, atol=1e-10)
+    assert float(direct.final["p_norm"]) < 0.9 * float(plain.final["p_norm"])
+    reduced = run_one({**base, **extra}, engine="reduced", seed=3)
+    plain_r = run_one(base, engine="reduced", seed=3)
+    assert float(reduced.final["p_norm"]) < 0.9 * float(plain_r.final["p_norm"])
+    if rule == "project":
+        for o in (direct, gram, reduced):
+            assert np.all(np.asarray(o.dynamics["p_norm"]) <= 0.3 * (1 + 1e-9))
+            assert float(o.final["p_norm"]) == pytest.approx(0.3, rel=1e-9)  # the ball is active
+
+
+@pytest.mark.slow
+def test_projected_single_head_on_the_span_engines(x64):
+    s = dict(model="single_head", n=16, d=150, signal_norm=6.0, noise_ratio=0.1, lr=1.0,
+             dtype="float64", steps=40, n_test=200, record_every=10, project=True,
+             radius_v=2.0, radius_p=0.7, init="gaussian", init_scale=0.05)
+    direct = run_one(s, engine="direct", seed=4)
+    gram = run_one(s, engine="gram", seed=4)
+    _compare_outputs(direct, gram, rtol=1e-9, atol=1e-10)
+    reduced = run_one(s, engine="reduced", seed=4)
+    for o in (gram, reduced):
+        assert np.all(np.asarray(o.dynamics["v_norm"]) <= 2.0 * (1 + 1e-9))
+        assert np.all(np.asarray(o.dynamics["p_norm"]) <= 0.7 * (1 + 1e-9))
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,7 +196,7 @@ def _assert_same_distribution(x, y, name):
         assert p > 0.01, f"{name}: KS p = {p:.2g}"
 
 
-S2_SETTINGS = {  # SPEC S2: harmful, benign, not overfitting
+S2_SETTINGS = {  # Sakamoto & Sato's Figs. 3-5: harmful, benign, not overfitting
     "harmful": {"d": 5000, "signal_norm": 5.0},
     "benign": {"d": 2000, "signal_norm": 20.0},
     "not_overfitting": {"d": 1000, "signal_norm": 100.0},
@@ -149,11 +207,14 @@ SHORT = {"steps": 120, "n_test": 400}  # the default suite's reduced size (200 s
 
 @pytest.fixture(scope="module")
 def s2_short(tmp_path_factory):
+    from conftest import xla_optimised
+
     out = {}
-    for name, s in S2_SETTINGS.items():
-        tmp = tmp_path_factory.mktemp(name)
-        out[name] = tuple(_sweep_finals({**s, **SHORT}, e, 200, tmp, METRICS)
-                          for e in ("direct", "reduced"))
+    with xla_optimised():  # large direct runs: running, not compiling, is the cost here
+        for name, s in S2_SETTINGS.items():
+            tmp = tmp_path_factory.mktemp(name)
+            out[name] = tuple(_sweep_finals({**s, **SHORT}, e, 200, tmp, METRICS)
+                              for e in ("direct", "reduced"))
     return out
 
 
@@ -166,14 +227,12 @@ def test_reduced_matches_direct_distribution_short(setting, s2_short):
 
 def test_distribution_check_detects_a_wrong_wishart(s2_short, tmp_path, monkeypatch):
     # mutation: the reduced engine with Wishart(d/2 - 2) noise must be rejected by the same check
-    from phasebo.engines import prompt
+    real = data.bartlett_factor
 
-    real = prompt.bartlett_factor
+    def wrong(key, N, k, dtype, z=None, k_traced=None):  # half the chi-square degrees of freedom
+        return real(key, N, k, dtype, z=z, k_traced=None if k_traced is None else k_traced // 2)
 
-    def wrong(key, N, k, dtype, z=None, k_traced=None):
-        return real(key, N, k // 2, dtype, z=z, k_traced=None if k_traced is None else k_traced // 2)
-
-    monkeypatch.setattr(prompt, "bartlett_factor", wrong)
+    monkeypatch.setattr(data, "bartlett_factor", wrong)
     # n_test 401: a new static group, so the mutated engine is compiled afresh
     b = _sweep_finals({**S2_SETTINGS["benign"], **SHORT, "n_test": 401}, "reduced", 200,
                       tmp_path, METRICS)
@@ -198,6 +257,7 @@ SINGLE_HEAD = {"model": "single_head", "n": 40, "T": 2, "d": 1000, "signal_norm"
                "steps": 20, "n_test": 300}
 
 
+@pytest.mark.slow
 def test_reduced_matches_direct_distribution_single_head(tmp_path):
     metrics = ("train_acc", "test_acc", "test_loss", "v_norm")
     a = _sweep_finals(SINGLE_HEAD, "direct", 200, tmp_path, metrics)
@@ -211,6 +271,7 @@ def test_reduced_matches_direct_distribution_single_head(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reduced_projected_test_accuracy_matches_a_direct_test_set():
     # a harmful setting (n SNR^2 = 0.1), where test accuracy is far from 1: a trained reduced run,
     # its query embedded in R^d (e1, e2, then the factor's coordinates), scored on 20000 sampled
@@ -218,21 +279,25 @@ def test_reduced_projected_test_accuracy_matches_a_direct_test_set():
     n, T, d, steps, mu = 20, 8, 2000, 300, np.sqrt(0.1 * 2000 / 20)
     roles = token_roles(T, 1, 1, 1)
     sw = {"signal_norm": jnp.float32(mu), "rho": jnp.float32(0.1), "sigma_eps": jnp.float32(1.0),
-          "noise_ratio": jnp.float32(0.2), "n_flip_per_class": jnp.int32(2)}
+          "noise_ratio": jnp.float32(0.2), "n_flip_per_class": jnp.int32(2), "dim": jnp.int32(d)}
     key = jr.PRNGKey(7)
     k_data, k_test, k_big = jr.split(key, 3)
-    b = reduced_sample(k_data, n, d, roles, sw, label_mode="balanced", label_noise="fraction",
-                       dtype=jnp.float32)
+    b = sakamoto_reduced_sample(k_data, n, d, roles, sw, label_mode="balanced",
+                                label_noise="fraction", dtype=jnp.float32)
     D = b.X.shape[-1]
     nu = sakamoto_head(D, sw["signal_norm"], jnp.float32)
-    out = span_gd(flat_gram(b.X), jnp.zeros((n, T)), b.X @ nu, jnp.float32(5e-3), steps, (),
-                  lambda *a: {}, b, roles == 0)
-    assert float(jnp.mean(b.y * out[1][0] > 0)) == 1.0  # it interpolates
-    alpha = out[0][0]
-    q = b.X.reshape(n * T, D).T @ alpha.reshape(-1)  # reduced coordinates
+    zero = jnp.zeros((), jnp.float32)
+    prob = SpanProblem(b, None, flat_gram(b.X), jnp.zeros((n, T)), b.X @ nu, None, zero, zero,
+                       None)
+    state, step, final, _ = span_system(prob, b.y, jnp.float32(5e-3))
+    state = jax.lax.fori_loop(0, steps, lambda i, st: step(st)[1], state)
+    coef, (f, _, _), _ = final(state)
+    assert float(jnp.mean(b.y * f > 0)) == 1.0  # it interpolates
+    q = b.X.reshape(n * T, D).T @ coef.alpha.reshape(-1)  # reduced coordinates
     test = sakamoto_sample(k_test, 100_000, None, roles, sw, label_mode="balanced",
                            label_noise=None, dtype=jnp.float32)
-    lg, hd = projected_scores(jr.fold_in(k_test, 1), test.signal, q, nu, sw["sigma_eps"])
+    lg, hd = projected_scores(projection_normals(k_test, (100_000, T), jnp.float32), test.signal, q,
+                              nu, sw["sigma_eps"])
     f = jnp.sum(jax.nn.softmax(lg, -1) * hd, -1)
     acc_proj = float(jnp.mean(test.y_clean * f > 0))
 
@@ -269,16 +334,13 @@ def _tensor_dims(text: str) -> set[int]:
 @pytest.mark.parametrize("model", ["prompt_attention", "single_head"])
 def test_reduced_engine_has_no_dimension_of_size_d(model):
     d = 1237  # no other size of the run is 1237 or 1235 (d - 2)
-    s = {name: st.default for name, st in C.SETTINGS.items()}
-    s.update(model=model, d=d, steps=5, record_every=2, n_test=300, init="gaussian")
+    s = dict(model=model, d=d, steps=5, record_every=2, n_test=300, init="gaussian")
     if model == "single_head":
-        s.update(T=2, n=16, label_mode="iid", label_noise="bernoulli", noise_ratio=0.1)
+        s.update(T=2, n=16)
 
     def dims_for(engine):
-        st = C.make_static({**s, "engine": engine})
-        run = resolve_engine(st).run
-        sw = {k: jnp.asarray(v[0]) for k, v in swept_arrays(st, [s], MODELS[model]).items()}
-        text = jax.jit(lambda sw_, k_: run(st, sw_, k_)).lower(sw, jr.PRNGKey(0)).as_text()
+        m, eng, program, sw, key = prepare_one({**s, "engine": engine})
+        text = jax.jit(lambda sw_, k_: eng.run(m, program, sw_, k_)).lower(sw, key).as_text()
         return _tensor_dims(text)
 
     reduced = dims_for("reduced")
@@ -286,17 +348,15 @@ def test_reduced_engine_has_no_dimension_of_size_d(model):
     assert d in dims_for("gram")  # the check sees d where it is there
 
 
-def test_reduced_program_is_the_same_for_every_d():
-    # d enters the reduced prompt-attention run as a traced value: one program for all d >= nT+3
+@pytest.mark.parametrize("model", ["prompt_attention", "single_head"])
+def test_reduced_program_is_the_same_for_every_d(model):
+    """d enters the reduced engines only as a traced value: one program for all large d."""
     texts = []
     for d in (1000, 4875):
-        s = {name: st.default for name, st in C.SETTINGS.items()}
-        s.update(d=d, steps=5, engine="reduced")
-        st = C.make_static(s)
-        run = resolve_engine(st).run
-        sw = {k: jnp.asarray(v[0]) for k, v in swept_arrays(st, [s], MODELS[s["model"]]).items()}
-        texts.append(jax.jit(lambda sw_, k_, st=st, run=run: run(st, sw_, k_))
-                     .lower(sw, jr.PRNGKey(0)).as_text())
+        s = dict(model=model, d=d, steps=5, engine="reduced", init="gaussian", n_test=100)
+        m, eng, program, sw, key = prepare_one(s)
+        texts.append(jax.jit(lambda sw_, k_, m=m, eng=eng, p=program: eng.run(m, p, sw_, k_))
+                     .lower(sw, key).as_text())
     assert texts[0] == texts[1]
 
 
@@ -309,23 +369,24 @@ def test_reduced_program_is_the_same_for_every_d():
     ({}, "reduced"),
     ({"W_init": "random"}, "gram"),
     ({"test_mode": "sampled"}, "gram"),
-    ({"train": ("p", "W")}, "direct"),
-    ({"model": "single_head", "T": 2}, "reduced"),
-    ({"model": "single_head", "T": 2, "test_mode": "sampled"}, "gram"),
-    ({"model": "single_head", "T": 2, "project": True}, "direct"),
+    ({"train": ("p", "W")}, "gram"),
+    ({"train": ("p", "W"), "init": "gaussian"}, "direct"),
+    ({"model": "single_head"}, "reduced"),
+    ({"model": "single_head", "test_mode": "sampled"}, "gram"),
+    ({"model": "single_head", "project": True}, "reduced"),
+    ({"model": "self_attention"}, "direct"),
 ])
 def test_auto_picks_the_fastest_exact_engine(settings, expected):
-    s = {name: st.default for name, st in C.SETTINGS.items()}
-    s.update(settings)
-    assert resolve_engine(s).name == expected
+    model = MODELS[settings.get("model", "prompt_attention")]
+    assert resolve_engine(model, model.static_of(settings)).name == expected
 
 
 @pytest.mark.parametrize("settings,engine,words", [
     ({"train": ["p", "W"]}, "reduced", "W is trained"),
-    ({"train": ["p", "W"]}, "gram", "W is trained"),
+    ({"train": ["p", "W"], "init": "gaussian"}, "gram", "Gaussian p_0"),
     ({"W_init": "random"}, "reduced", "random W"),
     ({"test_mode": "sampled"}, "reduced", "sampled"),
-    ({"model": "single_head", "T": 2, "project": True}, "gram", "project"),
+    ({"model": "self_attention"}, "gram", "does not run model"),
 ])
 def test_unsupported_settings_are_a_clear_config_error(settings, engine, words):
     with pytest.raises(ConfigError, match=words):

@@ -13,7 +13,7 @@ import pytest
 
 import phasebo
 from phasebo.data import sakamoto_sample, token_roles
-from phasebo.models import uniform_W
+from phasebo.models.prompt_attention import uniform_W
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -67,7 +67,7 @@ def phasebo_data(settings, run_id=0):
 def test_gd_trajectory_matches_numpy(train):
     s = dict(d=60, n=20, T=8, signal_norm=6.0, steps=40, lr=0.5, record_every=10,
              engine="direct", dtype="float64", train=train)
-    out = phasebo.run_one(s)
+    out = phasebo.run_one(s, key=jr.fold_in(jr.PRNGKey(0), 0))
     X, y, W = phasebo_data(s)
     d = s["d"]
     nu = np.zeros(d)

@@ -15,10 +15,11 @@ import pandas as pd
 import pytest
 
 from phasebo import sweep as S
-from phasebo.config import ConfigError, load_sweep, spec_from_dict
+from phasebo.config import load_sweep, spec_from_dict
+from phasebo.registry import MODELS
 from phasebo.results import done_run_ids
+from phasebo.settings import ConfigError
 from phasebo.sweep import run_sweep
-from phasebo.train import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 # The same static settings as tests/test_sweep.py: the compiled programs are shared.
@@ -88,12 +89,12 @@ def test_sigkill_then_resume_gives_every_run_once(tmp_path, reference):
     p.send_signal(signal.SIGKILL)
     p.communicate()
     n_before = len(done_run_ids(out / "parts"))
-    assert 2 <= n_before * 1 < 24 and not (out / "results.parquet").exists()
+    assert 2 <= n_before < 24 and not (out / "results.parquet").exists()
     q = cli([f, "--out", out, "--chunk-size", 5, "--quiet", "--no-plots"])
     _, err = q.communicate(timeout=600)
     assert q.returncode == 0, err
     got = tables(out)
-    assert got["results"]["run_id"].tolist() == list(range(24))  # each id once
+    assert len(got["results"]) == 24 and got["results"]["run_id"].is_unique  # each run once
     assert_same(got, ref)
 
 
@@ -104,7 +105,7 @@ def test_resume_skips_finished_chunks(tmp_path):
     first = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("results-*.parquet")}
     assert len(first) == 2
     df = run_sweep(spec, out, chunk_size=4, quiet=True, plots=False)
-    assert sorted(df["run_id"]) == list(range(spec.n_runs))
+    assert len(df) == spec.n_runs and df["run_id"].is_unique
     for name, mtime in first.items():  # finished parts were not recomputed
         assert (out / "parts" / name).stat().st_mtime_ns == mtime
 
@@ -142,21 +143,22 @@ def test_two_processes_match_one(tmp_path, reference):
 
 def test_small_memory_budget_still_completes(tmp_path):
     spec = load_sweep(write_sweep(tmp_path, seeds=2))
-    static = S.group_runs(spec.runs())[-1][0]
-    per_run = MODELS["prompt_attention"].bytes_per_run(static)
-    chunk, block = S.plan_group(static, 8, per_run, 1, 2 * per_run)
-    assert block <= 2
+    model = MODELS["prompt_attention"]
+    per_run = max(model.bytes_per_run(model.static_of(c.settings)) for c in spec.cells())
+    pl = S.plan(spec, n_devices=1, memory_budget=2 * per_run)
+    assert all(g.block <= 2 for g in pl.groups)
     df = run_sweep(spec, tmp_path / "o", memory_budget=2 * per_run, n_devices=1, quiet=True,
                    plots=False)
-    assert sorted(df["run_id"]) == list(range(spec.n_runs))
+    assert len(df) == spec.n_runs
 
 
 def test_single_run_over_budget_is_a_clear_error_before_compiling(tmp_path):
     spec = spec_from_dict({"d": 100_000, "n": 20, "engine": "direct", "test_mode": "sampled"})
-    S._COMPILED.clear()
-    with pytest.raises(ConfigError, match=r"one run of this group needs about .* GiB.*--memory"):
+    S.TRACES.clear()
+    with pytest.raises(ConfigError, match=r"one run of prompt_attention needs about .* GiB.*"
+                                          r"--memory"):
         run_sweep(spec, tmp_path / "o", memory_budget=1 << 30, quiet=True, plots=False)
-    assert not S._COMPILED
+    assert not S.TRACES
     assert not list((tmp_path / "o" / "parts").glob("*.parquet"))
 
 
@@ -171,7 +173,8 @@ def test_diverging_run_is_data_and_leaves_its_chunk_alone(tmp_path):
     assert (df.loc[~bad, "status"] == "ok").all() and (df.loc[~bad, "diverge_step"] == -1).all()
     alone = run_sweep(spec_from_dict({**settings, "lr": 0.05}, seeds=2), tmp_path / "a",
                       quiet=True, plots=False)
-    # run ids differ (0, 1 in both sweeps are the lr = 0.05 runs): same keys, same numbers
+    # the same runs (same settings and seeds) have the same ids, hence keys and numbers
+    assert df.loc[~bad, "run_id"].tolist() == alone["run_id"].tolist()
     np.testing.assert_allclose(df.loc[~bad, "test_loss"], alone["test_loss"], rtol=1e-6)
 
 
@@ -179,12 +182,12 @@ def test_changed_spec_in_the_same_directory_is_refused(tmp_path, capsys):
     f = write_sweep(tmp_path, seeds=1)
     out = tmp_path / "out"
     assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots"]) == 0
-    h = json.loads((out / "manifest.json").read_text())["spec_hash"]
+    spec = json.loads((out / "manifest.json").read_text())["spec"]
     capsys.readouterr()
     assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1"]) == 2
     err = capsys.readouterr().err
-    assert "different sweep specification" in err and "--overwrite" in err
-    assert json.loads((out / "manifest.json").read_text())["spec_hash"] == h
+    assert "holds runs of another sweep: lr had 0.05 there" in err and "--overwrite" in err
+    assert json.loads((out / "manifest.json").read_text())["spec"] == spec
     assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1",
                    "--overwrite"]) == 0
     df = pd.read_parquet(out / "results.parquet")
@@ -201,8 +204,64 @@ def test_orphan_parts_of_a_killed_chunk_are_not_assembled(tmp_path):
     victim = sorted(parts.glob("results-*.parquet"))[0]
     victim.unlink()  # as if killed just before this results part was renamed into place
     df = run_sweep(spec, out, chunk_size=3, quiet=True, plots=False)
-    assert sorted(df["run_id"]) == list(range(spec.n_runs))
+    assert len(df) == spec.n_runs and df["run_id"].is_unique
     smp = pd.read_parquet(out / "samples.parquet")
     dyn = pd.read_parquet(out / "dynamics.parquet")
     assert not smp.duplicated(["run_id", "sample"]).any() and len(smp) == spec.n_runs * 20
     assert not dyn.duplicated(["run_id", "step"]).any() and len(dyn) == spec.n_runs * 4
+
+
+# --------------------------------------------------------------------------------------------
+# Sweeps that grow: runs are identified by their settings and seed, not their grid position
+# --------------------------------------------------------------------------------------------
+
+GROW = dict(engine="reduced", steps=40, lr=0.05, n_test=200, record_every=20)
+
+
+def _grow_spec(seeds, mus=(3.0, 30.0), ds=(40, 64), order=("d", "signal_norm")):
+    axes = {"d": list(ds), "signal_norm": list(mus)}
+    return spec_from_dict(GROW, {k: axes[k] for k in order}, seeds=seeds, name="grow")
+
+
+def test_adding_seeds_runs_only_the_new_ones_and_equals_a_fresh_sweep(tmp_path):
+    out = tmp_path / "grown"
+    run_sweep(_grow_spec(10), out, quiet=True, plots=False)
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("results-*")}
+    S.TRACES.clear()
+    grown = run_sweep(_grow_spec(20), out, quiet=True, plots=False)
+    after = list((out / "parts").glob("results-*"))
+    assert all((out / "parts" / n).stat().st_mtime_ns == t for n, t in before.items())
+    new_rows = sum(len(pd.read_parquet(p)) for p in after if p.name not in before)
+    assert new_rows == 4 * 10  # exactly the 10 new seeds of each of the 4 cells
+    fresh = run_sweep(_grow_spec(20), tmp_path / "fresh", quiet=True, plots=False)
+    assert_same(tables(out), tables(tmp_path / "fresh"), rtol=0)
+    assert grown["seed"].max() == 19 and len(fresh) == 80
+
+
+@pytest.mark.slow
+def test_growing_an_axis_reordering_axes_and_splitting_files_keep_every_run(tmp_path):
+    base = run_sweep(_grow_spec(3), tmp_path / "a", quiet=True, plots=False)
+    more = run_sweep(_grow_spec(3, mus=(3.0, 30.0, 10.0)), tmp_path / "a", quiet=True,
+                     plots=False)
+    assert len(more) == 18
+    swapped = run_sweep(_grow_spec(3, order=("signal_norm", "d")), tmp_path / "b", quiet=True,
+                        plots=False)
+    half = run_sweep(_grow_spec(3, ds=(64,)), tmp_path / "c", quiet=True, plots=False)
+    key = ["run_id"]
+    for other in (more, swapped, half):
+        m = base.merge(other, on=key, suffixes=("", "_o"))
+        assert len(m) == len(base) if other is not half else len(m) == 6
+        for c in ("test_loss", "train_loss", "p_norm"):
+            np.testing.assert_array_equal(m[c].to_numpy(), m[f"{c}_o"].to_numpy())
+    # the grown table keeps the file's order: d, then signal_norm in the order given, seeds
+    assert more["signal_norm"].tolist()[:9] == [3.0] * 3 + [30.0] * 3 + [10.0] * 3
+
+
+def test_a_changed_fixed_setting_is_refused_not_mixed(tmp_path):
+    run_sweep(_grow_spec(2), tmp_path / "a", quiet=True, plots=False)
+    changed = spec_from_dict({**GROW, "steps": 80}, {"d": [40, 64], "signal_norm": [3.0, 30.0]},
+                             seeds=2, name="grow")
+    with pytest.raises(ConfigError, match="steps had 40 there"):
+        run_sweep(changed, tmp_path / "a", quiet=True, plots=False)
+    with pytest.raises(ConfigError, match="signal_norm had 30.0 there"):
+        run_sweep(_grow_spec(2, mus=(3.0,)), tmp_path / "a", quiet=True, plots=False)

@@ -1,4 +1,5 @@
-"""The sweep driver: grid expansion, compile groups, chunking invariance, the CLI and its errors."""
+"""The sweep driver: the grid, compile groups, one trace per program, chunking invariance, the CLI
+and its errors."""
 
 import os
 import re
@@ -12,7 +13,8 @@ import pandas as pd
 import pytest
 
 from phasebo import sweep as S
-from phasebo.config import ConfigError, load_sweep, spec_from_dict
+from phasebo.config import load_sweep, spec_from_dict
+from phasebo.settings import ConfigError
 from phasebo.sweep import main, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +33,7 @@ def read(out):
     return {k: pd.read_parquet(out / f"{k}.parquet") for k in ("results", "dynamics", "samples")}
 
 
-def assert_same_tables(a, b):
+def assert_same_tables(a, b, rtol=1e-5):
     for k in a:
         x, y = a[k], b[k]
         assert list(x.columns) == list(y.columns)
@@ -39,21 +41,23 @@ def assert_same_tables(a, b):
         for c in x.columns:
             if pd.api.types.is_numeric_dtype(x[c]) and not pd.api.types.is_bool_dtype(x[c]):
                 np.testing.assert_allclose(x[c].to_numpy(float), y[c].to_numpy(float),
-                                           rtol=1e-5, atol=1e-6, err_msg=f"{k}.{c}")
+                                           rtol=rtol, atol=1e-6, err_msg=f"{k}.{c}")
             else:
                 assert (x[c].astype(str) == y[c].astype(str)).all(), f"{k}.{c}"
 
 
-def test_grid_expansion_and_run_ids():
+def test_grid_cells_and_run_ids():
     spec = small_spec(seeds=3)
-    runs = spec.runs()
-    assert spec.n_runs == len(runs) == 2 * 2 * 3
-    assert [r["run_id"] for r in runs] == list(range(12))
-    assert [r["seed"] for r in runs[:4]] == [0, 1, 2, 0]
-    assert {(r["d"], r["signal_norm"]) for r in runs} == {(40, 3.0), (40, 30.0), (64, 3.0),
-                                                          (64, 30.0)}
-    groups = S.group_runs(runs)
-    assert [s.d for s, _ in groups] == [40, 64]  # one compile group per static shape
+    assert spec.n_runs == 2 * 2 * 3
+    assert spec.static_axes() == ["d"] and spec.swept_axes() == ["signal_norm"]
+    cells = list(spec.cells())
+    assert [c.settings["d"] for c in cells] == [40, 64]
+    ids = S.spec_run_ids(spec)
+    assert len(ids) == len(set(ids)) == 12 and (ids >= 0).all()
+    # local run order: seeds fastest, then the swept axes
+    var = S.cell_runs(spec, cells[0], np.arange(6))
+    assert var["seed"].tolist() == [0, 1, 2, 0, 1, 2]
+    assert var["signal_norm"].tolist() == [3.0, 3.0, 3.0, 30.0, 30.0, 30.0]
 
 
 def test_ranges_expand_inclusively():
@@ -68,36 +72,55 @@ def test_ranges_expand_inclusively():
 def test_chunk_size_does_not_change_rows(tmp_path):
     spec = small_spec()
     tables = []
-    for cs in (1, 7, spec.n_runs):
+    for cs in (3, spec.n_runs):
         out = tmp_path / f"c{cs}"
         run_sweep(spec, out, chunk_size=cs, quiet=True, plots=False)
         tables.append(read(out))
-    assert sorted(tables[0]["results"]["run_id"]) == list(range(spec.n_runs))
+    assert len(tables[0]["results"]) == spec.n_runs
+    assert tables[0]["results"]["run_id"].tolist() == S.spec_run_ids(spec).tolist()
     assert len(tables[0]["dynamics"]) == spec.n_runs * 4  # steps 0, 20, 40, 60
     assert_same_tables(tables[0], tables[1])
-    assert_same_tables(tables[0], tables[2])
 
 
-def test_one_compilation_per_static_group(tmp_path):
+def test_each_program_is_traced_once_over_many_chunks(tmp_path):
+    S.TRACES.clear()
     S._COMPILED.clear()
-    spec = small_spec(seeds=5)  # 10 runs per d group: chunks of 3 -> 4 chunks, the last padded
-    run_sweep(spec, tmp_path / "o", chunk_size=3, block_size=1, quiet=True, plots=False)
-    fns = list(S._COMPILED.values())
-    assert len(fns) == 2  # d = 40 and d = 64
-    assert all(f._cache_size() == 1 for f in fns)
+    spec = small_spec(seeds=5)  # 10 runs per d group: chunks of 2 -> 5 chunks per group
+    run_sweep(spec, tmp_path / "o", chunk_size=2, block_size=1, quiet=True, plots=False)
+    assert len(S.TRACES) == 2  # d = 40 and d = 64: two programs on the direct engine
+    assert set(S.TRACES.values()) == {1}
+
+
+def test_reduced_engine_traces_one_program_for_every_d_and_signal_norm(tmp_path):
+    S.TRACES.clear()
+    S._COMPILED.clear()
+    spec = spec_from_dict({"steps": 5, "n_test": 50},
+                          {"d": [300, 1000, 5000], "signal_norm": [5.0, 20.0]}, seeds=2)
+    pl = S.plan(spec)
+    assert len(pl.groups) == 1 and pl.groups[0].engine.name == "reduced"
+    assert len(pl.groups[0].cells) == 3
+    df = run_sweep(spec, tmp_path / "o", chunk_size=4, quiet=True, plots=False)
+    assert list(S.TRACES.values()) == [1]
+    assert sorted(df["d"].unique()) == [300, 1000, 5000] and (df["engine"] == "reduced").all()
 
 
 def test_results_schema(tmp_path):
     df = run_sweep(small_spec(seeds=1), tmp_path / "o", quiet=True, plots=False)
-    need = ("sweep run_id model seed d signal_norm n n_test T rho noise_ratio lr steps train_acc "
-            "train_acc_clean train_acc_noisy test_acc train_loss test_loss status regime").split()
-    assert list(df.columns[: len(need)]) == need
+    assert list(df.columns[:6]) == ["sweep", "run_id", "model", "seed", "d", "signal_norm"]
     assert {"engine", "snr", "n_snr2", "noisy_fit_step", "cumS_clean_pos", "p_norm",
-            "mass_noisy_weak_opp", "diverge_step"} <= set(df.columns)
-    assert set(df["regime"]) <= {"benign", "harmful", "not_overfitting"}
+            "mass_noisy_weak_opp", "diverge_step", "train_acc", "test_acc", "status",
+            "regime"} <= set(df.columns)
+    # only the model's own settings: no Magen or encoder settings on a prompt-attention row
+    assert not {"radius_v", "mlp_width", "query_lambda", "n_layers"} & set(df.columns)
+    assert list(df["regime"].cat.categories) == ["benign", "harmful", "not_overfitting",
+                                                 "diverged"]
+    assert df["regime"].cat.ordered
+    assert df["run_id"].dtype == np.int64 and df["noisy_fit_step"].dtype == np.int64
     np.testing.assert_allclose(df["snr"], df["signal_norm"] / np.sqrt(df["d"]))
     csv = pd.read_csv(tmp_path / "o" / "results.csv")
     assert list(csv.columns) == list(df.columns) and len(csv) == len(df)
+    back = pd.read_parquet(tmp_path / "o" / "results.parquet")
+    assert back["regime"].cat.ordered and back["model"].dtype == "category"
 
 
 def test_regime_thresholds_from_the_sweep_file(tmp_path):
@@ -137,6 +160,19 @@ GOOD = '[settings]\nd = 64\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\n'
         ("seeds = 2\nd = 5\n", [], ["'d'", "[settings]"]),
         (GOOD, ["--set", "d=0"], ["d = 0"]),
         (GOOD, ["--memory-budget", "lots"], ["--memory-budget"]),
+        (GOOD, ["--set", "seeds=2"], ["'seeds' is not a setting", "--seeds"]),
+        ("[settings]\nsignal_norm = 5.0\n[axes]\nsignal_norm = [5.0, 6.0]\n", [],
+         ["'signal_norm' is also given in [settings]"]),
+        ("[settings]\nweight_decay = 5.0\nmodel = \"encoder\"\nproject = true\n", [],
+         ["project = True is not a setting of model 'encoder'", "prompt_attention"]),
+        ("[settings]\nradius_v = 2.0\n", [],
+         ["radius_v = 2.0 is not a setting of model 'prompt_attention'", "single_head"]),
+        ("[settings]\nengine = \"reduced\"\ntrain = [\"p\", \"W\"]\n", [],
+         ["engine = 'reduced' cannot run", "W is trained"]),
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_accuracy" }]\n',
+         [], ["value = 'test_accuracy' is not a column", "test_acc"]),
+        (GOOD + '[plot]\nheatmaps = [{ x = "sig", y = "d" }]\n', [], ["x = 'sig'"]),
+        (GOOD, ["--format", "gif"], ["--format"]),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, text, args, needles):
@@ -151,7 +187,19 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, text, args, ne
     assert "Traceback" not in err
     for needle in needles:
         assert needle in err, err
-    assert not (out / "results.csv").exists() and not (out / "results.parquet").exists()
+    assert not (out / "results.csv").exists() and not list(out.glob("parts/results-*"))
+
+
+def test_out_pointing_at_a_file_is_one_line(tmp_path, capsys):
+    f = tmp_path / "s.toml"
+    f.write_text(GOOD)
+    target = tmp_path / "afile"
+    target.write_text("x")
+    assert main([str(f), "--out", str(target), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is a file" in err and len(err.strip().splitlines()) == 1
+    assert main([str(f), "--out", str(target / "sub"), "--quiet"]) == 2
+    assert "is a file" in capsys.readouterr().err
 
 
 def test_missing_sweep_file(tmp_path, capsys):
@@ -175,44 +223,53 @@ def test_config_error_for_unknown_setting_in_python():
         spec_from_dict({"signal": 3})
 
 
-def readme_main_command() -> list[str]:
+def readme_commands() -> list[list[str]]:
     text = (ROOT / "README.md").read_text()
-    m = re.search(r"^(?:pip install [^\n]*&& )?(python -m phasebo\.sweep sweeps/default\.toml)\s*$",
-                  text, re.M)
-    assert m, "the README shows the main command"
-    return shlex.split(m.group(1))
+    main_cmd = re.search(r"^(?:pip install [^\n]*&& )?(python -m phasebo\.sweep sweeps/default\.toml)"
+                         r"\s*$", text, re.M)
+    over = re.search(r"^(python -m phasebo\.sweep sweeps/default\.toml --set [^\n]+)$", text, re.M)
+    assert main_cmd and over, "the README shows the main command and the override example"
+    return [shlex.split(main_cmd.group(1)), shlex.split(over.group(1))]
 
 
-def test_readme_main_command_at_reduced_size(tmp_path):
-    cmd = readme_main_command()
-    out = tmp_path / "results" / "default"
-    p = subprocess.run(
-        [sys.executable, *cmd[1:], "--out", str(out), "--seeds", "1", "--set", "steps=50",
-         "--set", "d=[250, 500]", "--quiet"],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MPLBACKEND": "Agg"},
-    )
+def test_readme_main_command_then_override_example(tmp_path):
+    """Both commands, in the README's order, in a fresh working directory (the second writes to
+    results/default/<overrides>/ and must not collide with the first)."""
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "default.toml").write_text((ROOT / "sweeps" / "default.toml").read_text())
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    main_cmd, over = readme_commands()
+    small = ["--set", "steps=50", "--set", "d=[250, 500]", "--seeds", "1", "--quiet"]
+    p = subprocess.run([sys.executable, *main_cmd[1:], *small[:4], "--seeds", "1", "--quiet",
+                        "--out", "results/default"], cwd=tmp_path, capture_output=True,
+                       text=True, env=env)
     assert p.returncode == 0, p.stderr
-    for f in ("results.csv", "results.parquet", "samples.parquet"):
+    out = tmp_path / "results" / "default"
+    for f in ("results.csv", "results.parquet", "samples.parquet", "dynamics.parquet"):
         assert (out / f).stat().st_size > 0
     pngs = sorted(out.glob("heatmap_*.png"))
     assert pngs and all(png.stat().st_size > 5000 for png in pngs)
-    df = pd.read_parquet(out / "results.parquet")
-    assert len(df) == 2 * len(load_sweep(ROOT / "sweeps" / "default.toml").axes["signal_norm"])
+    q = subprocess.run([sys.executable, *over[1:], "--set", "steps=50", "--quiet"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env)
+    assert q.returncode == 0, q.stderr
+    sub = [d for d in out.iterdir() if d.is_dir() and d.name != "parts"]
+    assert len(sub) == 1 and (sub[0] / "results.parquet").exists()
+    df = pd.read_parquet(sub[0] / "results.parquet")
+    assert set(df["d"]) == {1000}
 
 
 def test_cases_vary_settings_together_and_set_overrides_them():
     spec = load_sweep(ROOT / "sweeps" / "sakamoto_fig3.toml")
-    runs = spec.runs()
-    assert spec.n_runs == len(runs) == 3 * 20
-    assert [(r["d"], r["signal_norm"]) for r in runs[::20]] == [(5000, 5.0), (2000, 20.0),
-                                                                (1000, 100.0)]
-    assert {r["train"] for r in runs} == {("p",)}
+    cells = list(spec.cells())
+    assert spec.n_runs == 3 * spec.seeds
+    assert [(c.settings["d"], c.settings["signal_norm"]) for c in cells] == [
+        (5000, 5.0), (2000, 20.0), (1000, 100.0)]
+    assert {c.settings["train"] for c in cells} == {("p",)}
     small = load_sweep(ROOT / "sweeps" / "sakamoto_fig3.toml", {"d": 300, "steps": 10}, seeds=2)
-    assert [(r["d"], r["signal_norm"]) for r in small.runs()[::2]] == [(300, 5.0), (300, 20.0),
-                                                                      (300, 100.0)]
+    assert [(c.settings["d"], c.settings["signal_norm"]) for c in small.cells()] == [
+        (300, 5.0), (300, 20.0), (300, 100.0)]
     official = load_sweep(ROOT / "sweeps" / "sakamoto_fig3_official.toml")
-    assert {r["train"] for r in official.runs()} == {("p", "W")}
-    assert S.spec_hash(spec) != S.spec_hash(official)
+    assert {c.settings["train"] for c in official.cells()} == {("p", "W")}
 
 
 def test_bad_case_is_a_clear_error(tmp_path):
@@ -225,7 +282,32 @@ def test_bad_case_is_a_clear_error(tmp_path):
         load_sweep(f)
 
 
+def test_include_merges_a_base_file_and_the_file_wins(tmp_path):
+    (tmp_path / "base.toml").write_text('seeds = 3\n[settings]\nmodel = "single_head"\nd = 500\n'
+                                        'n = 40\n')
+    (tmp_path / "top.toml").write_text('include = "base.toml"\nname = "top"\n[settings]\nn = 60\n'
+                                       '[axes]\nd = [100, 200]\n')
+    spec = load_sweep(tmp_path / "top.toml")
+    assert spec.name == "top" and spec.seeds == 3
+    assert spec.fixed["model"] == "single_head" and spec.fixed["n"] == 60
+    assert spec.axes["d"] == [100, 200] and "d" not in spec.fixed
+    (tmp_path / "loop.toml").write_text('include = "loop.toml"\n')
+    with pytest.raises(ConfigError, match="includes itself"):
+        load_sweep(tmp_path / "loop.toml")
+
+
+def test_several_sweep_files_in_one_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\n[settings]\nd = 64\nsteps = 5\n'
+                                               'n_test = 50\n')
+    assert main([str(tmp_path / "a.toml"), str(tmp_path / "b.toml"), "--quiet",
+                 "--no-plots"]) == 0
+    assert (tmp_path / "results" / "a" / "results.parquet").exists()
+    assert (tmp_path / "results" / "b" / "results.parquet").exists()
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "sweeps").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_sweep_file_validates(path):
     spec = load_sweep(path)
-    assert spec.n_runs >= 1 and spec.runs()[0]["run_id"] == 0
+    assert spec.n_runs >= 1

@@ -60,7 +60,7 @@ def test_two_step_closed_form_matches_gradient_descent(T):
     X = rng.normal(size=(n, T, d))
     y = rng.choice([-1.0, 1.0], size=n)
     v1, p2, v2 = TH.two_step(X, y, beta)
-    if T == 2:  # SPEC's printed form
+    if T == 2:  # Magen et al.'s printed form
         assert np.allclose(v1, beta / (4 * n) * np.einsum("i,id->d", y, X[:, 0] + X[:, 1]))
     Xj, yj = jnp.asarray(X), jnp.asarray(y)
     grad = jax.grad(_single_head_loss, argnums=(0, 1))

@@ -1,38 +1,53 @@
-"""Gradient descent in the span of the training tokens: the loop shared by the gram and reduced engines.
+r"""Gradient descent in the span of the training tokens: the closed-form steps of the gram and
+reduced engines.
 
-Let the ``N = n T`` training tokens (as seen by the trainable query) be the rows of ``B: (N, D)``
-and the attention logits be ``a = B p``. Every gradient of the logistic loss with respect to ``p``
-is ``B^T c`` with ``c = dL/da``, so from ``p_0`` gradient descent keeps
+**Query only, or query and head** (:func:`span_system`). Let the ``N = n T`` training tokens as the
+trainable query sees them be the rows of ``B: (N, D)`` and the logits ``a = B p``. Every gradient
+of the loss with respect to ``p`` is ``B^T c`` with ``c = dL/da``, so from ``p_0`` gradient descent
+keeps
 
-    ``p_t = p_0 + B^T alpha_t``,   ``alpha_{t+1} = alpha_t - lr c_t``,   ``a_t = a_0 + K alpha_t``
+    ``p_t = g_t p_0 + B^T alpha_t``,   ``a_t = g_t a_0 + K alpha_t``,   ``K = B B^T``,
 
-with ``a_0 = B p_0`` and the Gram matrix ``K = B B^T``. A trained head ``v`` (single-head attention,
-``h = X v``) is the same: ``v_t = v_0 + X^T beta_t`` and ``h_t = h_0 + K_v beta_t``. Per step this
-costs one ``N x N`` matrix-vector product instead of two ``N x D`` ones, and nothing in the loop
-depends on ``D``.
+with ``a_0 = B p_0``. A trained head ``v`` (``h = X v``) is the same:
+``v_t = g'_t v_0 + X^T beta_t``, ``h_t = g'_t h_0 + K_v beta_t``. With ``f_i = sum_t s_it h_it``
+(``s = softmax(a)``) and the mean logistic loss,
 
-With ``f_i = sum_t s_it h_it`` (``s = softmax(a)`` over the T tokens) and the mean logistic loss
-``L = mean_i softplus(-y_i f_i)``:
+    ``dL/df_i = -y_i sigmoid(-y_i f_i) / n``,  ``c_it = dL/df_i s_it (h_it - f_i)``,
+    ``dL/dh_it = dL/df_i s_it``.
 
-    ``dL/df_i = -y_i sigmoid(-y_i f_i) / n``,
-    ``c_it = dL/da_it = dL/df_i  s_it (h_it - f_i)``,   ``dL/dh_it = dL/df_i  s_it``.
+Weight decay (``theta <- (1 - lr lambda) theta - lr grad``) multiplies ``alpha, beta, g, g'`` by
+``1 - lr lambda``. Norm-constrained GD projects ``p`` (and ``v``) on their balls after every step:
+the norms are exact functions of the coefficients and the logits the next forward pass computes
+anyway, ``||p||^2 = g^2 ||p_0||^2 + g a_0.alpha + alpha.a`` (because ``alpha.K alpha =
+alpha.(a - g a_0)``), so the projection rescales ``(alpha, g)`` (and ``a``) by
+``R / sqrt(max(||p||^2, R^2))`` at the start of the next step, exactly as
+``optax.projections.projection_l2_ball``. Per step: one ``N x N`` product (two with a head of
+another Gram), nothing of size ``D``.
 
-The loop keeps the direct engine's bookkeeping exactly (:func:`phasebo.train.gd_loop`): at step
-``t`` (the state after ``t`` updates) it updates the first-fit steps, adds ``s_R (1 - s_R)`` to the
-cumulative sums, flags a non-finite loss or gradient, and writes the recorded metrics; after the
-last update it evaluates the final state.
+**Query and a trained W** (:func:`span_w_system`, prompt attention ``f = nu^T X^T S(X W p)`` with
+``p_0 = 0``). The gradients are ``dL/dp = W^T X^T c`` and ``dL/dW = X^T c p^T``, rank one. By
+induction
+
+    ``p_t = W_0^T X^T alpha_t``,    ``W_t = g_t W_0 + X^T Gamma_t X W_0``,
+
+since ``p_{t+1} = (1 - lr lambda) p_t - lr W_t^T X^T c_t = W_0^T X^T [(1 - lr lambda) alpha_t -
+lr (g_t c_t + Gamma_t^T K c_t)]`` and ``W_{t+1} = (1 - lr lambda) W_t - lr X^T c_t alpha_t^T X W_0``,
+i.e. ``Gamma_{t+1} = (1 - lr lambda) Gamma_t - lr c_t alpha_t^T``, ``g_{t+1} = (1 - lr lambda) g_t``.
+The logits are ``a = X W p = g G alpha + K Gamma G alpha`` with ``K = X X^T`` and
+``G = (X W_0)(X W_0)^T``. The state is an ``N``-vector and an ``N x N`` matrix; per step five
+``N x N`` products and a rank-one update replace the direct engine's ``O(d^2)`` work on W.
+Building ``K, G`` (and, for the metrics, ``X W_0`` and ``W_0 W_0^T X^T``) costs ``O(N d^2)`` once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..data import Batch
-from ..train import Recorder, fit_bookkeeping, group_masks
 
 # Loop iterations per compiled loop trip: the per-step work is small (one N x N product), so the
 # while-loop's own overhead matters on CPU.
@@ -46,108 +61,173 @@ def flat_gram(B: jax.Array, C: jax.Array | None = None) -> jax.Array:
     return Bf @ Cf.T
 
 
-def span_gd(
-    K: jax.Array,
-    a0: jax.Array,
-    h0: jax.Array,
-    lr: jax.Array,
-    steps: int,
-    record_at: tuple[int, ...],
-    record_fn: Callable,
-    batch: Batch,
-    relevant: np.ndarray,
-    K_head: jax.Array | None = None,
-    decay: jax.Array | None = None,
-    unroll: int | None = None,
-):
-    """GD on the span coefficients; mirrors :func:`phasebo.train.gd_loop`.
+class SpanCoef(NamedTuple):
+    """Coefficients of the query (``alpha``, scale ``gp`` of ``p_0``) and head (``beta``, ``gv``)."""
 
-    ``K: (N, N)`` the query-side Gram, ``a0, h0: (n, T)`` the logits and head scores at step 0,
-    ``relevant: (T,)`` bool mask of the relevant tokens. ``K_head`` (``(N, N)`` or ``None``) trains
-    the head too. ``decay`` (``lr * weight_decay`` or ``None``) shrinks every trained vector by
-    ``1 - decay`` before the gradient step: the coefficients and the scale ``gamma`` of the initial
-    vectors (``a = gamma a0 + K alpha``, ``h = gamma h0 + K_head beta``).
-    ``record_fn(coef, f, s, a) -> dict`` with ``coef = (alpha, beta, gamma)``.
+    alpha: jax.Array
+    beta: jax.Array
+    gp: jax.Array
+    gv: jax.Array
 
-    Returns ``(coef, (f, s, a), first_fit, all_fit, cumS, div, buf)`` like ``gd_loop``.
+
+class SpanProblem(NamedTuple):
+    """A run in span coordinates: the training and test sets, the Grams, the logits and head
+    scores at step 0, and ``params(coef) -> model parameters`` for the metrics."""
+
+    batch: Batch
+    test: Batch
+    K: jax.Array  # (N, N) query-side Gram
+    a0: jax.Array  # (n, T)
+    h0: jax.Array  # (n, T)
+    K_head: jax.Array | None  # (N, N) Gram of the trained head, or None (fixed head)
+    p0_sq: jax.Array  # ||p_0||^2 (the projection needs it)
+    v0_sq: jax.Array  # ||v_0||^2
+    params: Callable
+
+
+class SpanWProblem(NamedTuple):
+    """Prompt attention with W trained in span coordinates (see the module docstring)."""
+
+    batch: Batch
+    test: Batch
+    K: jax.Array  # X X^T
+    G: jax.Array  # (X W_0)(X W_0)^T
+    h0: jax.Array  # (n, T) head scores (the head is fixed)
+    params: Callable  # ((alpha, Gamma, g)) -> model parameters for the metrics
+
+
+def _softmax_out(a, h):
+    s = jax.nn.softmax(a, axis=-1)
+    return s, jnp.sum(s * h, axis=-1)
+
+
+def _grad_logits(y, h, s, f, n):
+    gf = -y * jax.nn.sigmoid(-y * f) / n  # dL/df
+    return gf, gf[:, None] * s * (h - f[:, None])  # dL/da
+
+
+def span_system(prob: SpanProblem, y, lr, weight_decay=None, radius_p=None, radius_v=None):
+    """``(state0, step, final, view)`` for :func:`phasebo.train.run_loop` (module docstring).
+
+    ``weight_decay`` None: plain GD (no scaling ops at all); ``radius_p`` (and ``radius_v`` for a
+    trained head) None: no projection.
     """
+    K, a0, h0, K_head = prob.K, prob.a0, prob.h0, prob.K_head
     n, T = a0.shape
     dtype = a0.dtype
-    train_head = K_head is not None
-    rec = Recorder.make(steps, record_at, record_fn)
-    masks = jnp.stack(group_masks(batch.y_clean, batch.flipped)).astype(dtype)  # (4, n)
-    y = batch.y
-    rel = [int(t) for t in np.flatnonzero(relevant)]
+    head = K_head is not None
     same = K_head is K  # one product for both when the head sees the same Gram
+    decay = None if weight_decay is None else lr * weight_decay
+    project = radius_p is not None
 
-    def forward(coef):
-        alpha, beta, gamma = coef
-        a0_ = a0 if decay is None else gamma * a0
-        h0_ = h0 if decay is None or not train_head else gamma * h0
-        if train_head and same:
+    def logits(coef):
+        alpha, beta, gp, gv = coef
+        a0_ = a0 if decay is None and not project else gp * a0
+        h0_ = h0 if (decay is None and not project) or not head else gv * h0
+        if head and same:
             ab = jnp.stack([alpha.reshape(-1), beta.reshape(-1)], -1)
             ab = (ab.T @ K).T  # K is symmetric; a row-vector product streams K in order
-            a = a0_ + ab[:, 0].reshape(n, T)
-            h = h0_ + ab[:, 1].reshape(n, T)
-        else:
-            a = a0_ + (alpha.reshape(-1) @ K).reshape(n, T)
-            h = h0_ + (beta.reshape(-1) @ K_head).reshape(n, T) if train_head else h0_
-        s = jax.nn.softmax(a, axis=-1)
-        f = jnp.sum(s * h, axis=-1)
-        return a, h, s, f
+            return a0_ + ab[:, 0].reshape(n, T), h0_ + ab[:, 1].reshape(n, T)
+        a = a0_ + (alpha.reshape(-1) @ K).reshape(n, T)
+        h = h0_ + (beta.reshape(-1) @ K_head).reshape(n, T) if head else h0_
+        return a, h
 
-    def grads(h, s, f):
-        gf = -y * jax.nn.sigmoid(-y * f) / n  # dL/df
-        c = gf[:, None] * s * (h - f[:, None])  # dL/da
-        ch = gf[:, None] * s if train_head else None  # dL/dh
-        return c, ch
+    def ball(sq, r):
+        return r / jnp.sqrt(jnp.maximum(sq, r**2))
 
-    def loss_of(f):
-        return jnp.mean(jax.nn.softplus(-y * f))
+    def forward(state):
+        coef, pending = state
+        a, h = logits(coef)
+        if project:  # the projection of the last update (see the module docstring)
+            alpha, beta, gp, gv = coef
+            cp = ball(jnp.maximum(gp**2 * prob.p0_sq + gp * jnp.sum(a0 * alpha)
+                                  + jnp.sum(alpha * a), 0.0), radius_p)
+            cp = jnp.where(pending, cp, 1.0)
+            alpha, gp, a = cp * alpha, cp * gp, cp * a
+            if head:
+                cv = ball(jnp.maximum(gv**2 * prob.v0_sq + gv * jnp.sum(h0 * beta)
+                                      + jnp.sum(beta * h), 0.0), radius_v)
+                cv = jnp.where(pending, cv, 1.0)
+                beta, gv, h = cv * beta, cv * gv, cv * h
+            coef = SpanCoef(alpha, beta, gp, gv)
+        s, f = _softmax_out(a, h)
+        return coef, a, h, s, f
 
-    coef0 = (jnp.zeros((n, T), dtype), jnp.zeros((n, T), dtype), jnp.ones((), dtype))
-    _, _, s0, f0 = jax.eval_shape(forward, coef0)
-    a0s = jax.ShapeDtypeStruct((n, T), dtype)
-    buf = rec.empty(coef0, f0, s0, a0s)
-
-    def bookkeeping(t, f, first_fit, all_fit):
-        return fit_bookkeeping(t, y, f, first_fit, all_fit)
-
-    write = rec.write
-
-    def step(carry, t):
-        coef, first_fit, all_fit, cumS, div, buf = carry
-        a, h, s, f = forward(coef)
-        c, ch = grads(h, s, f)
-        first_fit, all_fit = bookkeeping(t, f, first_fit, all_fit)
-        sR = sum(s[:, t_] for t_ in rel) if rel else jnp.zeros(n, dtype)
-        cumS = cumS + masks @ (sR * (1 - sR))
-        buf = write(buf, t, coef, f, s, a)
-        alpha, beta, gamma = coef
+    def step(state):
+        coef, a, h, s, f = forward(state)
+        gf, c = _grad_logits(y, h, s, f, n)
+        alpha, beta, gp, gv = coef
         if decay is not None:
-            alpha, beta, gamma = (1 - decay) * alpha, (1 - decay) * beta, (1 - decay) * gamma
+            keep = 1 - decay
+            alpha, gp = keep * alpha, keep * gp
+            if head:
+                beta, gv = keep * beta, keep * gv
         alpha = alpha - lr * c
-        if train_head:
-            beta = beta - lr * ch
-        # diverged at t (as gd_loop: loss, gradient or updated parameters not finite): f finite
-        # makes the loss finite, and from finite coefficients the updated ones are finite iff
-        # the gradients are.
-        finite = jnp.all(jnp.isfinite(f)) & jnp.all(jnp.isfinite(alpha))
-        if train_head:
+        if head:
+            beta = beta - lr * (gf[:, None] * s)
+        # diverged at t (as the direct engine: loss, gradient or updated parameters not finite).
+        # A non-finite f makes the gradient c non-finite (inf - inf, 0 * inf), so the updated
+        # coefficients are finite iff the loss, the gradients and the update all are.
+        finite = jnp.all(jnp.isfinite(alpha))
+        if head:
             finite = finite & jnp.all(jnp.isfinite(beta))
-        div = jnp.where((div < 0) & ~finite, t, div)
-        return ((alpha, beta, gamma), first_fit, all_fit, cumS, div, buf), None
+        new = (SpanCoef(alpha, beta, gp, gv), jnp.asarray(True) if project else None)
+        return coef, new, (f, s, a), finite
 
-    carry = (coef0, jnp.full(n, -1, jnp.int32), jnp.asarray(-1, jnp.int32),
-             jnp.zeros(4, dtype), jnp.asarray(-1, jnp.int32), buf)
-    if steps:
-        u = UNROLL if unroll is None else unroll
-        carry, _ = jax.lax.scan(step, carry, jnp.arange(steps, dtype=jnp.int32),
-                                unroll=max(1, min(u, steps)))
-    coef, first_fit, all_fit, cumS, div, buf = carry
-    a, h, s, f = forward(coef)
-    loss = loss_of(f)
-    first_fit, all_fit = bookkeeping(jnp.asarray(steps, jnp.int32), f, first_fit, all_fit)
-    div = jnp.where((div < 0) & ~jnp.isfinite(loss), steps, div)
-    buf = write(buf, steps, coef, f, s, a)
-    return coef, (f, s, a), first_fit, all_fit, cumS, div, buf
+    def final(state):
+        coef, a, h, s, f = forward(state)
+        return coef, (f, s, a), jnp.mean(jax.nn.softplus(-y * f))
+
+    def view(coef):  # the forward pass of an (already projected) state
+        _, a, _, s, f = forward((coef, jnp.asarray(False) if project else None))
+        return f, s, a
+
+    zeros = jnp.zeros((n, T), dtype)
+    one = jnp.ones((), dtype)
+    coef0 = SpanCoef(zeros, zeros if head else None, one, one if head else None)
+    return (coef0, jnp.asarray(False) if project else None), step, final, view
+
+
+def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
+    """``(state0, step, final, view)`` of prompt attention with W trained (module docstring)."""
+    K, G, h0 = prob.K, prob.G, prob.h0
+    n, T = h0.shape
+    N = n * T
+    dtype = h0.dtype
+    decay = None if weight_decay is None else lr * weight_decay
+
+    def forward(state):
+        alpha, Gamma, g = state
+        u = G @ alpha
+        a = (g * u + K @ (Gamma @ u)).reshape(n, T)
+        s, f = _softmax_out(a, h0)
+        return a, s, f
+
+    def step(state):
+        alpha, Gamma, g = state
+        a, s, f = forward(state)
+        _, c = _grad_logits(y, h0, s, f, n)
+        c = c.reshape(-1)
+        Kc = K @ c
+        if decay is not None:
+            new_alpha = (1 - decay) * alpha - lr * (g * c + Gamma.T @ Kc)
+            new_Gamma = (1 - decay) * Gamma - lr * jnp.outer(c, alpha)
+            new_g = (1 - decay) * g
+        else:
+            new_alpha = alpha - lr * (g * c + Gamma.T @ Kc)
+            new_Gamma = Gamma - lr * jnp.outer(c, alpha)
+            new_g = g
+        finite = (jnp.all(jnp.isfinite(f)) & jnp.all(jnp.isfinite(new_alpha))
+                  & jnp.all(jnp.isfinite(new_Gamma)))
+        return state, (new_alpha, new_Gamma, new_g), (f, s, a), finite
+
+    def final(state):
+        a, s, f = forward(state)
+        return state, (f, s, a), jnp.mean(jax.nn.softplus(-y * f))
+
+    def view(state):
+        a, s, f = forward(state)
+        return f, s, a
+
+    state0 = (jnp.zeros(N, dtype), jnp.zeros((N, N), dtype), jnp.ones((), dtype))
+    return state0, step, final, view

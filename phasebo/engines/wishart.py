@@ -36,7 +36,7 @@ def bartlett_from(chi2: jax.Array, z_below: jax.Array) -> jax.Array:
 
 def bartlett_chi2(key: jax.Array, N: int, k: int, dtype=jnp.float32) -> jax.Array:
     """The squared diagonal of the Bartlett factor: ``chi^2_{k - i}``, ``i = 0..N-1`` (k >= N)."""
-    return jr.chisquare(key, (k - jnp.arange(N)).astype(dtype), (N,), dtype)
+    return jr.chisquare(key, (jnp.asarray(k).astype(dtype) - jnp.arange(N, dtype=dtype)), (N,), dtype)
 
 
 def n_normals(N: int, k: int) -> int:

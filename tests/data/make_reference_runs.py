@@ -1,10 +1,10 @@
 """Generate tests/data/reference_runs.npz: final metrics, per-sample arrays and dynamics of a fixed
 set of small runs (every model x every engine that runs it, 3 run keys, float32 and float64).
 
-Generated once, from the code *before* the model-protocol refactor (git commit 5939f9b), with
-``python tests/data/make_reference_runs.py``; ``tests/test_reference_runs.py`` checks that the
-current code reproduces every stored number. The run key of case ``c`` with index ``i`` is
-``fold_in(PRNGKey(0), i)``.
+Generated once, from the code *before* the model-protocol refactor: at git commit 5939f9b,
+``python tests/data/make_reference_runs.py`` (it uses that version's API).
+``tests/test_reference_runs.py`` checks that the current code reproduces every stored number.
+The run key of case ``c`` with index ``i`` is ``fold_in(PRNGKey(0), i)``.
 """
 
 import json
@@ -52,7 +52,10 @@ SEEDS = (0, 1, 2)
 DTYPES = ("float32", "float64")
 
 
-def main(out=Path(__file__).with_name("reference_runs.npz")):
+OUT = Path(__file__).with_name("reference_runs.npz")
+
+
+def main(out=OUT):
     import phasebo
 
     arrays, meta = {}, {}

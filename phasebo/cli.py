@@ -1,0 +1,185 @@
+"""The ``phasebo`` command: one entry point for sweeps, figures, benchmarks and the settings.
+
+::
+
+    phasebo sweep sweeps/default.toml            # run a sweep (python -m phasebo.sweep)
+    phasebo plot results/default                 # the standard figures of a finished sweep
+    phasebo boundaries results/default --x signal_norm --y d --between benign,harmful
+    phasebo settings single_head                 # every setting of a model: kind, default, doc
+    phasebo models                               # the models and the engines that run them
+    phasebo bench --sections readme,dynamics     # side-by-side benchmarks
+    phasebo reference                            # rebuild the reference figures
+    phasebo pretrain                             # pretrain the digits backbone of vit_digits
+
+``python -m phasebo`` is the same command.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+COMMANDS = {
+    "sweep": "run a sweep file (or several)",
+    "plot": "draw the standard figures of a finished sweep",
+    "boundaries": "estimate phase boundaries (and their scaling) from a finished sweep",
+    "settings": "list every setting of a model (or of all models)",
+    "models": "list the models and their engines",
+    "bench": "side-by-side benchmarks",
+    "reference": "rebuild the reference figures in results/reference/",
+    "pretrain": "pretrain (or show) the cached digits backbone of the vit_digits model",
+}
+
+
+def usage() -> str:
+    lines = ["usage: phasebo COMMAND [ARGS]  (phasebo COMMAND --help for each)", "", "commands:"]
+    lines += [f"  {k:11s} {v}" for k, v in COMMANDS.items()]
+    lines += ["", "examples:", "  phasebo sweep sweeps/default.toml",
+              "  phasebo settings prompt_attention", "  phasebo plot results/default --format pdf"]
+    return "\n".join(lines)
+
+
+def settings_table(model_name: str | None = None, width: int = 100) -> str:
+    """Every setting of a model (or of every model): name, kind, default and one-line doc."""
+    from .registry import MODELS, get_model
+
+    models = [get_model(model_name)] if model_name else list(MODELS.values())
+    out = []
+    for m in models:
+        out.append(f"{m.name}: {m.doc}")
+        out.append(f"  engines: {', '.join(m.engines)}; data: "
+                   f"{m.data.name if m.data else 'its own'}")
+        out.append(f"  {'setting':15s} {'kind':7s} {'default':22s} doc")
+        for name, s in m.settings.items():
+            default = s.default
+            if isinstance(default, tuple):
+                default = "[" + ", ".join(repr(x) for x in default) + "]"
+            elif isinstance(default, bool):
+                default = "true" if default else "false"
+            elif isinstance(default, str):
+                default = f'"{default}"'
+            doc = s.doc + (f" (choices: {', '.join(map(str, s.choices))})" if s.choices else "")
+            if s.requires:
+                doc += f" [needs {s.requires[0]} = {s.requires[1]}]"
+            wrapped = textwrap.wrap(doc, max(40, width - 49)) or [""]
+            out.append(f"  {name:15s} {s.kind:7s} {str(default):22s} {wrapped[0]}")
+            out += [" " * 49 + w for w in wrapped[1:]]
+        out.append("")
+    return "\n".join(out)
+
+
+def models_table() -> str:
+    from .registry import ENGINES, MODELS
+
+    lines = [f"{'model':18s} {'engines':24s} doc"]
+    lines += [f"{m.name:18s} {', '.join(m.engines):24s} {m.doc}" for m in MODELS.values()]
+    lines += ["", f"{'engine':18s} {'priority':24s} doc"]
+    lines += [f"{e.name:18s} {e.priority!s:24s} {e.doc}" for e in ENGINES.values()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "sweep":
+        from .sweep import main as sweep_main
+
+        return sweep_main(rest, prog="phasebo sweep")
+    if cmd == "plot":
+        from .plot import main as plot_main
+
+        return plot_main(rest, prog="phasebo plot")
+    if cmd == "boundaries":
+        return boundaries_main(rest, prog="phasebo boundaries")
+    if cmd == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
+    if cmd == "reference":
+        from .reference import main as ref_main
+
+        return ref_main(rest)
+    if cmd == "pretrain":
+        from .models.vit_digits import main as pre_main
+
+        return pre_main(rest)
+    if cmd == "settings":
+        from .settings import ConfigError
+
+        try:
+            print(settings_table(rest[0] if rest and not rest[0].startswith("-") else None))
+        except ConfigError as e:
+            print(f"phasebo settings: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if cmd == "models":
+        print(models_table())
+        return 0
+    print(f"phasebo: error: unknown command {cmd!r}\n{usage()}", file=sys.stderr)
+    return 2
+
+
+def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``phasebo boundaries RESULTS --x X --y Y --between A,B``: boundaries.parquet/csv, the
+    power-law fit against the theory, and the map with the boundary drawn on it."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .analysis import load
+    from .boundaries import boundaries, summary
+    from .settings import ConfigError
+
+    p = argparse.ArgumentParser(prog=prog or "phasebo boundaries",
+                                description="Estimate phase boundaries of finished sweep(s).")
+    p.add_argument("results", nargs="+", help="sweep directories (or results files)")
+    p.add_argument("--x", default="signal_norm", help="axis the boundary lies along")
+    p.add_argument("--y", default="d", help="slice axis: one boundary per value")
+    p.add_argument("--between", default="benign,harmful", help="two regimes, A,B")
+    p.add_argument("--by", default="", help="more slice columns, comma separated")
+    p.add_argument("--over", default="", help="settings to pool inside a slice, comma separated")
+    p.add_argument("--boot", type=int, default=400, help="bootstrap replicates")
+    p.add_argument("--out", help="output directory (default: the first results directory)")
+    p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    name = p.prog.split()[-1]
+
+    def split(text):
+        return [c for c in text.split(",") if c]
+
+    try:
+        between = tuple(s.strip() for s in args.between.split(","))
+        df = load(args.results)
+        b = boundaries(df, args.x, args.y, between, by=split(args.by), over=split(args.over),
+                       n_boot=args.boot)
+    except (ValueError, ConfigError, FileNotFoundError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or args.results[0])
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"boundaries_{between[0]}_{between[1]}"
+    b.to_parquet(out / f"{stem}.parquet", index=False)
+    b.to_csv(out / f"{stem}.csv", index=False)
+    cols = [args.y, *split(args.by), "boundary", "lo", "hi", "n_runs", "n_seeds", "status"]
+    with pd.option_context("display.width", 120, "display.max_rows", 200):
+        print(b[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(summary(b, args.x, args.y))
+    if not args.no_plots:
+        from .plot import boundary_figure, save
+
+        fig = boundary_figure(df, b, args.x, args.y)
+        paths = save(fig, out / f"boundary_{between[0]}_{between[1]}",
+                     [f.strip() for f in args.format.split(",")])
+        print("figure: " + ", ".join(map(str, paths)))
+    print(f"table: {out / (stem + '.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The engines: three ways to simulate a model, behind one interface.
+
+- ``direct``: the model as written, in ``d`` dimensions, trained by optax (:func:`phasebo.train.run`);
+  the ground truth, it runs every model and setting.
+- ``gram``: the same run on the same sampled data, as gradient descent on the span coefficients
+  (:mod:`phasebo.engines.span`); it reproduces the direct trajectory up to rounding (tested in
+  float64). Prompt attention (p trained, W fixed or trained) and single-head attention.
+- ``reduced``: the same *distribution* of runs, without ever forming a ``d``-dimensional vector:
+  the Gram matrix of the noise is drawn from its Wishart law (:mod:`phasebo.data`). Its cost does
+  not depend on ``d``, and neither does its compiled program (:meth:`Engine.program`).
+
+``engine = "auto"`` picks the supporting engine of highest ``priority`` (reduced > gram > direct).
+An engine declares which model methods it needs (``hooks``); the registry checks at import that
+every model implements the hooks of the engines it lists.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar
+
+from ..data import reduced_d
+from ..metrics import relevant_mass
+from ..train import RunOutput, dtype_of, evaluate, finish, record_points, recorder_fn, run_loop
+from ..train import run as direct_run
+from .span import UNROLL, SpanWProblem, span_system, span_w_system
+
+
+class Engine(abc.ABC):
+    name: ClassVar[str]
+    priority: ClassVar[int]
+    doc: ClassVar[str]
+    hooks: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def supports(self, model, static) -> str | None:
+        """Why this engine cannot run ``static`` of ``model`` (None: it can)."""
+
+    @abc.abstractmethod
+    def run(self, model, static, sw: dict, key):
+        """One run: ``RunOutput``."""
+
+    def program(self, model, static):
+        """The static configuration that decides this engine's compiled program: runs whose
+        ``program`` is equal share one trace and one compilation."""
+        return static
+
+    def bytes_per_run(self, model, static) -> int:
+        return model.bytes_per_run(static)
+
+    def cost_per_run(self, model, static) -> float:
+        return model.cost_per_run(static)
+
+    def block_size(self, model, static, platform: str) -> int:
+        """Runs vmapped together per device (measured: ``python -m phasebo.bench``)."""
+        return 2 if platform == "cpu" else 256
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name}>"
+
+
+class Direct(Engine):
+    name = "direct"
+    priority = 0
+    doc = "the d-dimensional model as written, trained by optax (ground truth)"
+
+    def supports(self, model, static):
+        return None
+
+    def run(self, model, static, sw, key):
+        return direct_run(model, static, sw, key)
+
+    def block_size(self, model, static, platform):
+        if platform != "cpu":
+            return 256
+        # Measured on 2 CPU cores: the direct engine is memory-bound, blocks of a few runs whose
+        # tokens fit in cache beat big vmaps (python -m phasebo.bench --sections blocks).
+        return max(2, min(8, int(2**22 // max(model.bytes_per_run(static), 1))))
+
+
+def run_span(model, static, sw: dict, key, reduced: bool) -> RunOutput:
+    """A run of ``model`` in span coordinates (gram or reduced engine)."""
+    prob = model.span_problem(static, sw, key, reduced)
+    roles = model.roles(static)
+    batch, test = prob.batch, prob.test
+    dtype = dtype_of(static)
+    wd = sw.get("weight_decay")
+
+    def metrics(coef, f, s, a):
+        return evaluate(model, static, sw, prob.params(coef), f, s, a, batch, test, roles)
+
+    if isinstance(prob, SpanWProblem):
+        state0, step, final, view = span_w_system(prob, batch.y, sw["lr"], wd)
+    else:
+        project = getattr(static, "project", False)
+        state0, step, final, view = span_system(
+            prob, batch.y, sw["lr"], wd,
+            sw["radius_p"] if project else None,
+            sw.get("radius_v") if project and prob.K_head is not None else None)
+    relevant = None if roles is None else (lambda s_: relevant_mass(s_, roles))
+    record_fn = recorder_fn(model, static, sw, metrics, batch)
+    now, (f, s, a), ls = run_loop(
+        state0, step, final, static.steps, record_points(model, static), record_fn,
+        margin_fn=lambda f_, y_: y_ * f_, batch=batch, relevant=relevant, dtype=dtype,
+        view=view, unroll=UNROLL)
+    final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype)
+    samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw, ls.first_fit)
+    return RunOutput(final_metrics, ls.buf, samples)
+
+
+class Gram(Engine):
+    name = "gram"
+    priority = 10
+    doc = "the same run on the same data, as GD on the span coefficients (N x N per step)"
+    hooks = ("span_problem", "span_supports")
+
+    def supports(self, model, static):
+        return model.span_supports(static, reduced=False)
+
+    def run(self, model, static, sw, key):
+        return run_span(model, static, sw, key, reduced=False)
+
+    def bytes_per_run(self, model, static):
+        return model.span_bytes(static, reduced=False)
+
+    def cost_per_run(self, model, static):
+        return model.span_cost(static, reduced=False)
+
+    def block_size(self, model, static, platform):
+        return 4 if platform == "cpu" else 256
+
+
+class Reduced(Engine):
+    name = "reduced"
+    priority = 20
+    doc = ("the same distribution of runs from the Wishart law of the noise Gram: cost and "
+           "program independent of d")
+    hooks = ("span_problem", "span_supports")
+
+    def supports(self, model, static):
+        return model.span_supports(static, reduced=True)
+
+    def run(self, model, static, sw, key):
+        return run_span(model, static, sw, key, reduced=True)
+
+    def program(self, model, static):
+        # d enters only as the traced sw["dim"] above reduced_d: one program for all larger d
+        d0 = reduced_d(static.n, static.T)
+        return dataclasses.replace(static, d=min(static.d, d0))
+
+    def bytes_per_run(self, model, static):
+        return model.span_bytes(static, reduced=True)
+
+    def cost_per_run(self, model, static):
+        return model.span_cost(static, reduced=True)
+
+    def block_size(self, model, static, platform):
+        if platform != "cpu":
+            return 1024
+        # measured (python -m phasebo.bench --sections blocks, d = 2000, 2 cores): 4 best
+        return 4

@@ -1,0 +1,198 @@
+"""The model protocol: what a model declares so that every engine, the sweep and the tables can
+drive it without knowing it.
+
+A model is one subclass of :class:`Model` in one module of :mod:`phasebo.models`, registered by one
+line in :mod:`phasebo.registry`. It declares
+
+- its **settings**: the :data:`~phasebo.settings.CORE` ones, label noise
+  (:data:`~phasebo.settings.LABELS`), its data distribution's (``data``), the training ones
+  (:data:`~phasebo.settings.TRAINING`, when ``trains``) and its own (``own_settings``), with
+  ``defaults`` overriding defaults. A setting the model does not declare is refused for it;
+- its **data**: :meth:`sample` draws a training set (noisy labels) or a test set (clean labels);
+- its **parameters**: :meth:`init` returns ``(trainable, fixed)`` equinox trees;
+- its **forward pass** :meth:`forward` ``-> (f, s, a)``: outputs, the attention weights the
+  metrics read (``(n, T)``) and the logits (or a tuple whose first entry is them);
+- its **test output** :meth:`test_output` (exact projections or sampled tokens),
+  :meth:`param_metrics`, optional :meth:`extra_metrics` and :meth:`samples` columns;
+- its **cost**: :meth:`bytes_per_run` (memory of one run) and :meth:`cost_per_run` (flops);
+- which **engines** can run it (``engines``); the span engines need :meth:`span_problem`.
+
+Abstract methods are enforced when the registry instantiates the model at import: a forgotten
+method is an ``TypeError`` there, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+
+from .. import rules
+from ..data import Batch, Distribution, label_values
+from ..metrics import binary_margin, logistic_loss
+from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting
+
+
+class Model(abc.ABC):
+    """Base class of every model (see the module docstring)."""
+
+    name: ClassVar[str]
+    doc: ClassVar[str]
+    data: ClassVar[Distribution | None] = None
+    labels: ClassVar[bool] = True
+    trains: ClassVar[bool] = True
+    own_settings: ClassVar[tuple[Setting, ...]] = ()
+    defaults: ClassVar[dict[str, Any]] = {}
+    engines: ClassVar[tuple[str, ...]] = ("direct",)
+    track_logits: ClassVar[bool] = True  # record the tracked samples' logits too
+    radii: ClassVar[tuple[str, ...]] = ()  # the radius settings of the norm groups, in order
+
+    def __init__(self):
+        table: dict[str, Setting] = {}
+        groups = [CORE, LABELS if self.labels else (), self.data.settings if self.data else (),
+                  TRAINING if self.trains else (), self.own_settings]
+        for group in groups:
+            for s in group:
+                if s.name in table:
+                    raise TypeError(f"{self.name}: setting {s.name!r} declared twice")
+                table[s.name] = s
+        for k, v in self.defaults.items():
+            if k not in table:
+                raise TypeError(f"{self.name}: default for undeclared setting {k!r}")
+            table[k] = table[k].with_default(table[k].coerce(v))
+        table["model"] = table["model"].with_default(self.name)
+        self.settings: dict[str, Setting] = table
+        fields = [(k, Any) for k, s in table.items() if s.kind == "static"]
+        self.Static = dataclasses.make_dataclass(f"{type(self).__name__}Static", fields,
+                                                 frozen=True, eq=True)
+        self.swept = tuple(k for k, s in table.items() if s.kind == "swept")
+
+    def __repr__(self) -> str:
+        return f"<model {self.name}>"
+
+    # ---------------------------------------------------------------------------------------
+    # Settings
+    # ---------------------------------------------------------------------------------------
+
+    def static_of(self, run: dict, **overrides):
+        """The :attr:`Static` dataclass of a run's settings (defaults filled in)."""
+        vals = {k: run.get(k, s.default) for k, s in self.settings.items() if s.kind == "static"}
+        vals.update(overrides)
+        return self.Static(**vals)
+
+    def check(self, r: dict) -> None:
+        """Raise :class:`ConfigError` for a combination of settings the model cannot run."""
+        if self.data is not None:
+            self.data.check(r)
+        if r.get("track"):
+            bad = [i for i in r["track"] if i >= r["n"]]
+            if bad:
+                raise ConfigError(f"track = {list(r['track'])} names sample {bad[0]} but n = "
+                                  f"{r['n']}; fix: indices in 0..{r['n'] - 1}")
+            if not (r["record_every"] or r["record_log"]):
+                raise ConfigError(f"track = {list(r['track'])} has no effect without recording; "
+                                  "fix: set record_every or record_log")
+
+    def derived(self, static, sw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Host-computed traced values ``(B,)`` from the swept values ``sw`` of runs sharing
+        ``static``: label-flip counts, and ``dim`` (d as an array, for engines whose program does
+        not depend on d)."""
+        out = {}
+        if self.labels:
+            out.update(label_values(static.n, sw["noise_ratio"]))
+        if self.data is not None:
+            out["dim"] = np.full(len(sw["noise_ratio"]), static.d, np.int32)
+        return out
+
+    # ---------------------------------------------------------------------------------------
+    # The run
+    # ---------------------------------------------------------------------------------------
+
+    def keys(self, key: jax.Array):
+        """``(k_data, k_test, k_init)`` from the run's key."""
+        return jr.split(key, 3)
+
+    @abc.abstractmethod
+    def roles(self, static) -> np.ndarray | None:
+        """Token role codes ``(T,)`` (0 relevant .. 3 irrelevant), or None without roles."""
+
+    @abc.abstractmethod
+    def sample(self, static, sw: dict, key: jax.Array, *, test: bool) -> Batch:
+        """A training set (noisy labels) or, with ``test``, a clean test set."""
+
+    @abc.abstractmethod
+    def init(self, static, sw: dict, key: jax.Array, batch: Batch):
+        """Initial parameters as ``(trainable, fixed)`` equinox trees (``fixed`` None: every
+        array leaf is trained)."""
+
+    def precompute(self, m, batch: Batch, static):
+        """Constants of the forward pass computed once per run (e.g. fixed head scores)."""
+        return None
+
+    @abc.abstractmethod
+    def forward(self, m, batch: Batch, aux) -> tuple:
+        """``(f, s, a)``: outputs, attention weights ``(n, T)`` and logits (or a tuple)."""
+
+    def margin_loss(self, f, y):
+        """``(margin (n,), mean loss)``; binary: ``y f`` and the logistic loss."""
+        margin = binary_margin(f, y)
+        return margin, logistic_loss(margin)
+
+    @abc.abstractmethod
+    def test_output(self, m, test: Batch, static, sw: dict):
+        """The model's outputs on the test set."""
+
+    @abc.abstractmethod
+    def param_metrics(self, m, static, sw: dict) -> dict:
+        """Norms and alignments of the parameters."""
+
+    def extra_metrics(self, m, f, s, a, batch: Batch, metrics: dict) -> dict:
+        """Model-specific scalars added to the metrics (``metrics``: those computed so far)."""
+        return {}
+
+    def samples(self, m, f, s, a, batch: Batch, test: Batch, static, sw, first_fit) -> dict:
+        """Per-training-sample columns of the samples table."""
+        margin, _ = self.margin_loss(f, batch.y)
+        return {"flipped": batch.flipped, "y_clean": batch.y_clean.astype(jnp.int32),
+                "first_fit_step": first_fit, "final_margin": margin}
+
+    def norm_groups(self, m):
+        """The parameter groups the radii of ``project = true`` constrain (None: no groups)."""
+        return None
+
+    def optimizer(self, static, sw: dict):
+        groups = self.norm_groups if self.radii else None
+        return rules.make_optimizer(static, sw, groups, self.radii)
+
+    # ---------------------------------------------------------------------------------------
+    # Cost
+    # ---------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def bytes_per_run(self, static) -> int:
+        """Device memory one run of the direct engine needs (an estimate)."""
+
+    def cost_per_run(self, static) -> float:
+        """Flops of one direct run (an estimate, for planning and the dry run)."""
+        d, n, T = getattr(static, "d", 1), static.n, getattr(static, "T", 1)
+        return 6.0 * n * T * d * max(getattr(static, "steps", 1), 1)
+
+    def item(self, static) -> int:
+        return 8 if static.dtype == "float64" else 4
+
+    # ---------------------------------------------------------------------------------------
+    # Span engines (gram, reduced)
+    # ---------------------------------------------------------------------------------------
+
+    def span_supports(self, static, reduced: bool) -> str | None:
+        """Why the gram (or reduced) engine cannot run ``static`` (None: it can)."""
+        return "this model has no span form"
+
+    def span_problem(self, static, sw: dict, key: jax.Array, reduced: bool):
+        """The run in span coordinates (:class:`phasebo.engines.span.SpanProblem`)."""
+        raise NotImplementedError(f"{self.name} has no span form")

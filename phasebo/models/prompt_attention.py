@@ -1,0 +1,296 @@
+"""Prompt attention with a fixed linear head (Sakamoto & Sato, ICML 2025), model ``prompt_attention``.
+
+``f(X) = nu^T X^T S(X W p)``: the query ``q = W p`` scores each of the ``T`` tokens, ``S`` is the
+softmax over them, and the fixed head ``nu = (mu_+ - mu_-) / ||mu_+ - mu_-|| / ||mu|| =
+(e1 - e2) / (sqrt(2) ||mu||)`` reads the attention-weighted token. ``p`` starts at zero (or
+``N(0, init_scale^2)``). The theory trains **p only** with ``W = I`` (``train = ["p"]``, the
+default); the official code since January 2025 trains **W and p together**, ``W`` initialised
+uniform on ``(-1/sqrt d, 1/sqrt d)`` (PyTorch's ``kaiming_uniform_(a = sqrt 5)``):
+``train = ["p", "W"]``. Learning rules: plain GD, weight decay, and norm-constrained GD on ``p``.
+
+Engines: ``direct``; ``gram`` (p trained with W fixed, and, new, W and p trained from ``p_0 = 0``:
+:func:`phasebo.engines.span.span_w_system`); ``reduced`` (p trained, W = I, projected test set).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+
+from ..data import (
+    SAKAMOTO,
+    factor_width,
+    projected_scores,
+    projection_normals,
+    sakamoto_reduced_init,
+    sakamoto_reduced_sample,
+    sakamoto_roles,
+    sakamoto_sample,
+)
+from ..engines.span import SpanProblem, SpanWProblem, flat_gram
+from ..metrics import attend, query_metrics
+from ..settings import INIT, PROJECT, TEST_MODE, WEIGHT_DECAY, ConfigError, Setting, record_steps
+from ..train import dtype_of
+from .base import Model
+
+
+class PromptAttention(eqx.Module):
+    """``f(X) = nu^T X^T S(X W p)``; fields ``p: (d,)``, ``W: (d, d)`` or ``None`` (identity),
+    ``nu: (d,)`` the fixed head."""
+
+    p: jax.Array
+    W: jax.Array | None
+    nu: jax.Array
+
+    def query(self) -> jax.Array:
+        """``q = W p`` (``d``), computed before touching X: ``X (W p)`` costs ``nTd``, not ``nTd^2``."""
+        return self.p if self.W is None else self.W @ self.p
+
+    def __call__(self, X: jax.Array, head: jax.Array | None = None):
+        """Returns ``(f, s, logits)``; ``head = X nu`` may be passed precomputed (nu is fixed)."""
+        a = X @ self.query()
+        s = jax.nn.softmax(a, axis=-1)
+        h = X @ self.nu if head is None else head
+        return jnp.sum(s * h, axis=-1), s, a
+
+
+class PromptQuery(eqx.Module):
+    """The query ``q = W p`` held directly (the W+p span engine never forms W)."""
+
+    p: jax.Array
+    q: jax.Array
+    nu: jax.Array
+
+    def query(self) -> jax.Array:
+        return self.q
+
+
+def sakamoto_head(d: int, signal_norm: jax.Array, dtype) -> jax.Array:
+    """``nu = (e1 - e2) / (sqrt(2) ||mu||)``."""
+    nu = jnp.zeros(d, dtype).at[0].set(1.0).at[1].set(-1.0)
+    return nu / (jnp.sqrt(jnp.asarray(2.0, dtype)) * signal_norm)
+
+
+def uniform_W(key: jax.Array, d: int, dtype) -> jax.Array:
+    """``W ~ U(-1/sqrt d, 1/sqrt d)``, PyTorch's ``kaiming_uniform_(a=sqrt 5)`` for a d x d layer."""
+    bound = 1.0 / jnp.sqrt(jnp.asarray(d, dtype))
+    return jr.uniform(key, (d, d), dtype, -bound, bound)
+
+
+def init_prompt_attention(key, d: int, signal_norm, *, W_mode: str, init: str, init_scale,
+                          dtype) -> PromptAttention:
+    """``p`` at zero (or ``N(0, init_scale^2)``), ``W`` identity (``None``) or uniform."""
+    k_p, k_w = jr.split(key)
+    p = jnp.zeros(d, dtype)
+    if init == "gaussian":
+        p = init_scale * jr.normal(k_p, (d,), dtype)
+    W = uniform_W(k_w, d, dtype) if W_mode == "random" else None
+    return PromptAttention(p=p, W=W, nu=sakamoto_head(d, signal_norm, dtype))
+
+
+def W_mode(static) -> str:
+    if static.W_init != "auto":
+        return static.W_init
+    return "random" if "W" in static.train else "identity"
+
+
+class PromptAttentionModel(Model):
+    name = "prompt_attention"
+    doc = "f = nu^T X^T S(X W p) with a fixed head (Sakamoto & Sato); train p, or p and W"
+    data = SAKAMOTO
+    engines = ("direct", "gram", "reduced")
+    own_settings = (
+        Setting("train", ("p",), tuple, "static",
+                "trained parameters: [\"p\"] (the theory) or [\"p\", \"W\"] (the official code)"),
+        Setting("W_init", "auto", str, "static",
+                "W when fixed or at step 0: identity, random (uniform on (-1/sqrt d, 1/sqrt d)) or "
+                "auto (identity when only p is trained, random when W is trained)",
+                choices=("auto", "identity", "random")),
+        *INIT, *TEST_MODE, *WEIGHT_DECAY, *PROJECT,
+    )
+    radii = ("radius_p",)
+
+    def check(self, r):
+        super().check(r)
+        if tuple(sorted(r["train"])) not in (("p",), ("W", "p")):
+            raise ConfigError(f"train = {list(r['train'])!r} is not supported by prompt_attention; "
+                              "fix: train = [\"p\"] (theory) or [\"p\", \"W\"] (the official code)")
+        if r["project"] and "W" in r["train"]:
+            raise ConfigError("project = true constrains p; with W trained too it would leave W "
+                              "unconstrained; fix: train = [\"p\"] or project = false")
+
+    def roles(self, static):
+        return sakamoto_roles(static)
+
+    def sample(self, static, sw, key, *, test):
+        dtype = dtype_of(static)
+        roles = self.roles(static)
+        if not test:
+            return sakamoto_sample(key, static.n, static.d, roles, sw, label_mode=static.label_mode,
+                                   label_noise=static.label_noise, dtype=dtype)
+        sampled = static.test_mode == "sampled"
+        b = sakamoto_sample(key, static.n_test, static.d if sampled else None, roles, sw,
+                            label_mode=static.label_mode, label_noise=None, dtype=dtype)
+        return b if sampled else b._replace(z=projection_normals(key, (static.n_test, static.T), dtype))
+
+    def init(self, static, sw, key, batch):
+        dtype = dtype_of(static)
+        m = init_prompt_attention(key, static.d, sw["signal_norm"], W_mode=W_mode(static),
+                                  init=static.init, init_scale=sw["init_scale"], dtype=dtype)
+        if "W" in static.train and m.W is None:  # W = I at step 0, then trained
+            m = eqx.tree_at(lambda m: m.W, m, jnp.eye(static.d, dtype=dtype),
+                            is_leaf=lambda x: x is None)
+        spec = jax.tree.map(lambda _: False, m)
+        spec = eqx.tree_at(lambda m: m.p, spec, True)
+        if "W" in static.train:
+            spec = eqx.tree_at(lambda m: m.W, spec, True)
+        return eqx.partition(m, spec)
+
+    def precompute(self, m, batch, static):
+        return batch.X @ m.nu  # nu is fixed: X nu once, not every step
+
+    def forward(self, m, batch, aux):
+        return m(batch.X, aux)
+
+    def test_output(self, m, test, static, sw):
+        q = m.query()
+        if static.test_mode == "sampled":
+            lg, hd = test.X @ q, test.X @ m.nu
+        else:
+            lg, hd = projected_scores(test.z, test.signal, q, m.nu, sw["sigma_eps"])
+        return attend(lg, hd)
+
+    def param_metrics(self, m, static, sw):
+        return query_metrics(m.query(), m.p)
+
+    def norm_groups(self, m):
+        return (m.p,)
+
+    def bytes_per_run(self, static):
+        d, n, T = static.d, static.n, static.T
+        b = 3 * n * T * d  # X, its noise draw, gradient intermediates
+        if "W" in static.train or W_mode(static) == "random":
+            b += 4 * d * d  # W, its gradient, the update, the uniform draw
+        b += 4 * d
+        b += 2 * static.n_test * T * d if static.test_mode == "sampled" else 4 * static.n_test * T
+        b += _n_rec(static) * (40 + 4 * T)
+        return int(b * self.item(static))
+
+    def cost_per_run(self, static):
+        d, n, T, steps = static.d, static.n, static.T, max(static.steps, 1)
+        c = 6.0 * n * T * d * steps
+        if "W" in static.train:
+            c += 6.0 * d * d * steps
+        return c
+
+    # ---------------------------------------------------------------------------------------
+    # Span forms
+    # ---------------------------------------------------------------------------------------
+
+    def span_supports(self, static, reduced):
+        w_trained = "W" in static.train
+        if w_trained and static.init != "zero":
+            return ("W and p trained from a Gaussian p_0 leave the span form of the exact W+p "
+                    "engine (which needs p_0 = 0); use engine = \"direct\"")
+        if not reduced:
+            return None
+        if w_trained:
+            return ("W is trained, so the query W p leaves the span of the tokens; the exact "
+                    "W+p engine is engine = \"gram\" (same data as direct)")
+        if W_mode(static) != "identity":
+            return ("a fixed random W mixes the noise directions (the Gram of X W is not "
+                    "Wishart); use engine = \"gram\" for W_init = \"random\"")
+        if static.test_mode != "projected":
+            return ("test_mode = \"sampled\" asks for d-dimensional test tokens; use test_mode = "
+                    "\"projected\" (exact in distribution) or engine = \"gram\"")
+        return None
+
+    def span_problem(self, static, sw, key, reduced):
+        dtype = dtype_of(static)
+        d, n, T = static.d, static.n, static.T
+        roles = self.roles(static)
+        k_data, k_test, k_init = self.keys(key)
+        test = self.sample(static, sw, k_test, test=True)
+        if "W" in static.train:
+            return self._span_w_problem(static, sw, k_data, k_init, test)
+        if reduced:
+            batch = sakamoto_reduced_sample(k_data, n, d, roles, sw, label_mode=static.label_mode,
+                                            label_noise=static.label_noise, dtype=dtype)
+            D = batch.X.shape[-1]
+            p0 = sakamoto_reduced_init(k_init, d, n * T, static.init, sw["init_scale"], dtype,
+                                       sw["dim"])
+            nu, W = sakamoto_head(D, sw["signal_norm"], dtype), None
+        else:
+            batch = self.sample(static, sw, k_data, test=False)
+            m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
+                                       init=static.init, init_scale=sw["init_scale"], dtype=dtype)
+            p0, nu, W = m0.p, m0.nu, m0.W
+        X = batch.X
+        B = X if W is None else X @ W  # tokens as the prompt sees them: a = B p
+        Bf = B.reshape(n * T, -1)
+
+        def params(coef):
+            p = coef.gp * p0 + Bf.T @ coef.alpha.reshape(-1)
+            return PromptAttention(p=p, W=W, nu=nu)
+
+        zero = jnp.zeros((), dtype)
+        return SpanProblem(batch, test, flat_gram(B), B @ p0, X @ nu, None, jnp.sum(p0**2), zero,
+                           params)
+
+    def _span_w_problem(self, static, sw, k_data, k_init, test):
+        dtype = dtype_of(static)
+        d, n, T = static.d, static.n, static.T
+        batch = self.sample(static, sw, k_data, test=False)
+        m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
+                                   init="zero", init_scale=sw["init_scale"], dtype=dtype)
+        Xf = batch.X.reshape(n * T, d)
+        if m0.W is None:  # W_0 = I
+            B0, C = Xf, Xf.T
+        else:
+            B0 = Xf @ m0.W  # X W_0
+            C = m0.W @ B0.T  # W_0 W_0^T X^T
+        nu = m0.nu
+        G = B0 @ B0.T
+
+        def params(state):
+            alpha, Gamma, g = state
+            p = B0.T @ alpha
+            q = g * (C @ alpha) + Xf.T @ (Gamma @ (G @ alpha))
+            return PromptQuery(p=p, q=q, nu=nu)
+
+        return SpanWProblem(batch, test, Xf @ Xf.T, G, batch.X @ nu, params)
+
+    def span_bytes(self, static, reduced):
+        N = static.n * static.T
+        D = (2 + factor_width(N, static.d - 2) + 1) if reduced else static.d
+        b = 3 * N * N + 3 * N * D + 4 * static.n_test * static.T + _n_rec(static) * (40 + 4 * static.T)
+        if not reduced:
+            b += 2 * N * static.d + 4 * static.d
+            if "W" in static.train:
+                b += 2 * static.d * static.d + 3 * N * static.d + 3 * N * N
+            elif W_mode(static) == "random":
+                b += 2 * static.d * static.d
+            if static.test_mode == "sampled":
+                b += 2 * static.n_test * static.T * static.d
+        return int(b * self.item(static))
+
+    def span_cost(self, static, reduced):
+        N, d = static.n * static.T, static.d
+        steps = max(static.steps, 1)
+        c = steps * (2.0 * N * N + 40.0 * N) + _n_rec(static) * 20.0 * static.n_test
+        if reduced:
+            return c + 2.0 * N**3
+        c += 2.0 * N * N * d + 4.0 * N * d * (_n_rec(static) + 1)
+        if "W" in static.train:
+            c += steps * 10.0 * N * N + 2.0 * N * N * d
+            if W_mode(static) == "random":
+                c += 4.0 * N * d * d
+        elif W_mode(static) == "random":
+            c += 2.0 * N * d * d
+        return c
+
+
+def _n_rec(static) -> int:
+    return len(record_steps(static.steps, static.record_every, static.record_log))

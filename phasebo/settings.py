@@ -1,0 +1,267 @@
+"""Typed settings: the knobs of a run, each with a kind, a default, a validator and one line of doc.
+
+A **setting** is a results column. Its **kind** says how it enters a run:
+
+- ``static``: decides shapes, trip counts or code paths (``d``, ``n``, ``T``, ``steps``,
+  ``train``...). Runs are grouped by what is static for their engine; each group compiles once.
+- ``swept``: a number that enters the computation as an array (``signal_norm``, ``lr``,
+  ``noise_ratio``...). Runs of one group differ only in these and are vmapped.
+- ``host``: read on the host only (regime thresholds).
+- ``key``: the root seed of the run's random key (an array, like a swept value).
+
+Settings come in groups. Every model takes the :data:`CORE` settings; a model that trains takes
+:data:`TRAINING`; each data distribution (``phasebo.data``) and each model add their own. A model
+may change a setting's default (``single_head`` defaults to Magen et al.'s ``T = 2``), never its
+type or meaning. ``identity = False`` marks settings that do not change a run's numbers (the engine,
+what is recorded, the regime thresholds): they are left out of the run's identity, so changing them
+does not change the run's random key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+
+class ConfigError(ValueError):
+    """A bad sweep file, setting or command-line value (message: field, value, fix)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One knob: ``name`` (the results column), ``default``, ``type`` (int, float, str, bool,
+    tuple of str, or ``"ints"`` for a tuple of ints), ``kind`` and a one-line ``doc``."""
+
+    name: str
+    default: Any
+    type: Any
+    kind: str
+    doc: str
+    check: Callable[[Any], str | None] | None = None
+    choices: tuple | None = None
+    identity: bool = True
+    requires: tuple | None = None  # (setting, value) without which this one has no effect
+
+    def __post_init__(self):
+        if self.kind not in ("static", "swept", "host", "key"):
+            raise ValueError(f"{self.name}: kind must be static, swept, host or key")
+
+    def with_default(self, default) -> Setting:
+        return dataclasses.replace(self, default=default)
+
+    @property
+    def type_name(self) -> str:
+        if self.type == "ints":
+            return "list of integers"
+        if self.type is tuple:
+            return "list of strings"
+        return self.type.__name__
+
+    def coerce(self, value: Any, where: str = "") -> Any:
+        """Convert and validate one value (raises :class:`ConfigError` naming field and fix)."""
+        fix = f"fix: {self.name} = {_show(self.default)} is the default ({self.doc})"
+        try:
+            out = _convert(self.type, value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}{self.name} = {value!r} is not a valid {self.type_name}; "
+                              f"{fix}") from None
+        if isinstance(out, float) and not math.isfinite(out):
+            raise ConfigError(f"{where}{self.name} = {value!r} must be finite; {fix}")
+        if self.choices is not None and out not in self.choices:
+            raise ConfigError(f"{where}{self.name} = {out!r} is not one of {list(self.choices)}; "
+                              f"{fix}")
+        if self.check is not None:
+            problem = self.check(out)
+            if problem:
+                raise ConfigError(f"{where}{self.name} = {value!r} {problem}; {fix}")
+        return out
+
+
+def _show(v) -> str:
+    if isinstance(v, tuple):
+        return "[" + ", ".join(repr(x) for x in v) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v)
+
+
+def _convert(t, value):
+    if t == "ints":
+        if isinstance(value, str):
+            value = [v for v in value.replace("+", ",").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
+        return tuple(_convert(int, v) for v in value)
+    if t is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.replace("+", ",").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise TypeError
+        return tuple(value)
+    if t is bool:
+        if isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise TypeError
+            return value.lower() in ("true", "1")
+        if not isinstance(value, (bool, int, np.bool_)):
+            raise TypeError
+        return bool(value)
+    if t is int:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        if isinstance(value, str):
+            value = float(value)
+        if isinstance(value, float) and not value.is_integer():
+            raise TypeError
+        return int(value)
+    if t is float:
+        if isinstance(value, (bool, np.bool_)) or isinstance(value, (list, tuple, dict)):
+            raise TypeError
+        return float(value)
+    if not isinstance(value, str):
+        raise TypeError
+    return value
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# --------------------------------------------------------------------------------------------
+# Validators
+# --------------------------------------------------------------------------------------------
+
+
+def positive(v):
+    return None if v > 0 else "must be > 0"
+
+
+def nonneg(v):
+    return None if v >= 0 else "must be >= 0"
+
+
+def unit_interval(v):
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def at_least(k):
+    def check(v):
+        return None if v >= k else f"must be >= {k}"
+
+    return check
+
+
+def nonneg_ints(v):
+    return None if all(i >= 0 for i in v) else "must be sample indices >= 0"
+
+
+# --------------------------------------------------------------------------------------------
+# The setting groups
+# --------------------------------------------------------------------------------------------
+
+S = Setting
+
+
+def cache_dir() -> str:
+    """phasebo's cache directory: ``$PHASEBO_CACHE``, else ``~/.cache/phasebo`` (compiled
+    programs, pretrained backbones)."""
+    return os.environ.get("PHASEBO_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
+                                                        "phasebo"))
+
+
+CORE = (
+    S("model", "prompt_attention", str, "static", "which model to train (phasebo settings lists "
+      "them)"),
+    S("engine", "auto", str, "static", "simulation engine: direct (the model as written), gram, "
+      "reduced, or auto (the fastest exact engine that can run the settings)", identity=False),
+    S("n", 20, int, "static", "training samples", at_least(2)),
+    S("n_test", 1000, int, "static", "independent clean test samples", positive),
+    S("dtype", "float32", str, "static", "floating-point precision",
+      choices=("float32", "float64")),
+    S("root_seed", 0, int, "key", "root PRNG seed; a run's key is derived from it and from the "
+      "run's identity (its settings and seed)", nonneg),
+    S("test_eps", 0.05, float, "host", "regime: benign iff train acc = 1 and test acc >= "
+      "1 - test_eps", unit_interval, identity=False),
+    S("train_acc_fit", 1.0, float, "host", "regime: train accuracy that counts as fitting every "
+      "label", lambda v: None if 0 < v <= 1 else "must be in (0, 1]", identity=False),
+)
+
+LABELS = (
+    S("noise_ratio", 0.2, float, "swept", "label-noise ratio r (fraction, fixed_count) or flip "
+      "probability eta (bernoulli)", unit_interval),
+    S("label_noise", "fraction", str, "static",
+      "fraction: k = ceil(n r) flips, floor(k/2) per class (the paper's code); fixed_count: k = "
+      "ceil(n r) flips at random positions; bernoulli: each label flips with probability r",
+      choices=("fraction", "fixed_count", "bernoulli")),
+    S("label_mode", "balanced", str, "static",
+      "balanced: first floor(n/2) samples y = +1, the rest -1; iid: uniform labels",
+      choices=("balanced", "iid")),
+)
+
+TRAINING = (
+    S("lr", 5e-3, float, "swept", "gradient-descent step size", positive),
+    S("steps", 1000, int, "static", "gradient-descent steps", nonneg),
+    S("record_every", 0, int, "static", "record dynamics every k steps (0: off)", nonneg,
+      identity=False),
+    S("record_log", 0, int, "static", "record dynamics at about k log-spaced steps (0: off)",
+      nonneg, identity=False),
+    S("track", (), "ints", "static", "training samples whose per-token attention is recorded "
+      "(empty: the first clean and the first flipped sample)", nonneg_ints, identity=False),
+)
+
+INIT = (
+    S("init", "zero", str, "static", "initial trainable vectors: zero, or gaussian "
+      "N(0, init_scale^2)", choices=("zero", "gaussian")),
+    S("init_scale", 0.01, float, "swept", "standard deviation of a gaussian init", nonneg,
+      requires=("init", "gaussian")),
+)
+
+WEIGHT_DECAY = (
+    S("weight_decay", 0.0, float, "swept", "weight decay lambda: GD on L + (lambda/2)||theta||^2 "
+      "(optax.add_decayed_weights before sgd)", nonneg),
+)
+
+PROJECT = (
+    S("project", False, bool, "static", "norm-constrained GD: after every step project the query "
+      "parameters on ||.|| <= radius_p (and the head on ||v|| <= radius_v where trained)"),
+    S("radius_p", 1.0, float, "swept", "R: radius of the query ball ||p|| <= R (Frobenius norm "
+      "for a matrix)", positive, requires=("project", True)),
+)
+
+RADIUS_V = (
+    S("radius_v", 1.0, float, "swept", "r: radius of the head ball ||v|| <= r", positive,
+      requires=("project", True)),
+)
+
+TEST_MODE = (
+    S("test_mode", "projected", str, "static",
+      "projected: test tokens drawn as exact Gaussian projections on the query and head "
+      "(O(n_test T) per run); sampled: full d-dimensional test tokens",
+      choices=("projected", "sampled")),
+)
+
+NOISE_MODE = (
+    S("noise_mode", "isotropic", str, "static",
+      "token noise: isotropic N(0, sigma^2 I_d), or projected off span(mu_1, mu_2) (Magen et al.)",
+      choices=("isotropic", "projected")),
+)
+
+
+def record_steps(steps: int, every: int, log: int) -> tuple[int, ...]:
+    """Steps (0..steps inclusive) at which dynamics are recorded."""
+    pts: set[int] = set()
+    if every:
+        pts.update(range(0, steps + 1, every))
+        pts.add(steps)
+    if log:
+        pts.add(0)
+        pts.update(int(v) for v in np.unique(np.round(np.geomspace(1, max(steps, 1), log))))
+        pts.add(steps)
+    return tuple(sorted(p for p in pts if 0 <= p <= steps))

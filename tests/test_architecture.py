@@ -1,0 +1,273 @@
+"""The model protocol: a model added from a test file with one table entry, errors at import for
+a broken model, the import graph, and every setting of every model changing what it says."""
+
+import ast
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import phasebo
+from phasebo import registry
+from phasebo.data import SAKAMOTO, sakamoto_roles, sakamoto_sample
+from phasebo.metrics import vec_metrics
+from phasebo.models.base import Model
+from phasebo.settings import ConfigError
+from phasebo.sweep import run_one, run_sweep
+from phasebo.train import dtype_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------
+# The worked example of docs/architecture.md: one class, one registry entry
+# --------------------------------------------------------------------------------------------
+
+
+class MeanPool(eqx.Module):
+    w: jax.Array
+
+
+class MeanPoolModel(Model):
+    name = "mean_pool"
+    doc = "f = w^T mean_t(x_t), w trained (a baseline without attention)"
+    data = SAKAMOTO
+
+    def roles(self, static):
+        return sakamoto_roles(static)
+
+    def sample(self, static, sw, key, *, test):
+        return sakamoto_sample(key, static.n_test if test else static.n, static.d,
+                               self.roles(static), sw, label_mode=static.label_mode,
+                               label_noise=None if test else static.label_noise,
+                               dtype=dtype_of(static))
+
+    def init(self, static, sw, key, batch):
+        return MeanPool(w=jnp.zeros(static.d, dtype_of(static))), None
+
+    def forward(self, m, batch, aux):
+        n, T, _ = batch.X.shape
+        s = jnp.full((n, T), 1.0 / T, batch.X.dtype)
+        return batch.X.mean(axis=1) @ m.w, s, batch.X @ m.w
+
+    def test_output(self, m, test, static, sw):
+        return test.X.mean(axis=1) @ m.w
+
+    def param_metrics(self, m, static, sw):
+        return vec_metrics("w", m.w)
+
+    def bytes_per_run(self, static):
+        return 4 * 3 * (static.n + static.n_test) * static.T * static.d
+
+
+def test_a_model_added_from_a_test_file_runs_a_sweep(tmp_path, monkeypatch):
+    model = MeanPoolModel()
+    registry.check_model(model)
+    monkeypatch.setitem(registry.MODELS, "mean_pool", model)  # the one registry line
+    spec = phasebo.spec_from_dict({"model": "mean_pool", "d": 200, "steps": 200, "lr": 1.0,
+                                   "n_test": 200, "record_every": 100},
+                                  {"signal_norm": [2.0, 20.0]}, seeds=3, name="toy")
+    df = run_sweep(spec, tmp_path / "toy", quiet=True)
+    assert set(df["model"]) == {"mean_pool"} and set(df["engine"]) == {"direct"}
+    assert {"w_norm", "w_align_e1", "train_acc", "test_acc", "regime", "mass_clean_rel"} <= \
+        set(df.columns)
+    assert "train" not in df.columns  # prompt attention's settings are not the toy's
+    strong, weak = df[df["signal_norm"] == 20.0], df[df["signal_norm"] == 2.0]
+    assert strong["test_acc"].mean() > 0.9 > weak["test_acc"].mean() + 0.2
+    assert (df["w_norm"] > 0).all()
+    assert np.allclose(df["mass_clean_rel"], 1 / 8)  # uniform attention over T = 8 tokens
+    with pytest.raises(ConfigError, match="not a setting of model 'mean_pool'"):
+        phasebo.spec_from_dict({"model": "mean_pool", "train": ["p", "W"]})
+
+
+def test_a_broken_model_fails_at_registration():
+    class NoForward(Model):  # forgets forward, test_output, ...
+        name = "broken"
+        doc = "x"
+
+        def roles(self, static):
+            return None
+
+    with pytest.raises(TypeError, match="abstract"):
+        NoForward()
+
+    class GramWithoutSpan(MeanPoolModel):
+        name = "gram_without_span"
+        engines = ("direct", "gram")
+
+    with pytest.raises(TypeError, match="does not implement span_problem"):
+        registry.check_model(GramWithoutSpan())
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = path.relative_to(ROOT / "phasebo").with_suffix("").parts[:-node.level]
+            if node.module:
+                out.add(".".join([*base, *node.module.split(".")]))
+            else:  # from .. import rules: the modules named, not the package's __init__
+                out.update(".".join([*base, a.name]) for a in node.names)
+    return {m for m in out if m}
+
+
+def test_the_import_graph_has_no_cycle_and_runs_one_way():
+    mods = {}
+    for p in (ROOT / "phasebo").rglob("*.py"):
+        name = ".".join(p.relative_to(ROOT / "phasebo").with_suffix("").parts)
+        name = name[:-len(".__init__")] if name.endswith(".__init__") else name
+        mods[name] = {m for m in _imports(p)}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for dep in mods.get(m, ()):
+            dep = dep if dep in mods else dep.rsplit(".", 1)[0]
+            if dep not in mods or dep == m:
+                continue
+            assert state.get(dep) != 1, f"import cycle: {' -> '.join([*stack, m, dep])}"
+            if dep not in state:
+                visit(dep, [*stack, m])
+        state[m] = 2
+
+    mods.pop("__init__", None)  # the public API imports everything; nothing imports it back
+    for m in mods:
+        if m not in state:
+            visit(m, [])
+    for lib in ("analysis", "plot", "theory", "results", "models.prompt_attention", "train"):
+        assert "sweep" not in mods[lib], f"{lib} imports sweep"
+    assert not any(d.startswith("plot") for d in mods["theory"])
+    assert not any(d.startswith(("registry", "config", "sweep")) for m in mods
+                   if m.startswith("models") for d in mods[m])
+
+
+# --------------------------------------------------------------------------------------------
+# Every setting of every model: it changes some output, or it is refused
+# --------------------------------------------------------------------------------------------
+
+BASE = {
+    "prompt_attention": dict(d=40, n=8, T=4, steps=6, n_test=40, signal_norm=3.0, lr=0.2),
+    "single_head": dict(d=40, n=8, steps=4, n_test=40, signal_norm=3.0, lr=0.2),
+    "self_attention": dict(d=16, n=8, steps=4, n_test=40, signal_norm=3.0, lr=0.2),
+    "multi_layer": dict(d=12, n=8, steps=3, n_test=20, n_layers=2, signal_norm=3.0, lr=0.2),
+    "encoder": dict(d=12, n=6, T=4, steps=3, n_test=10, mlp_width=6, signal_norm=3.0, lr=0.1),
+    "constructed_query": dict(d=40, n=8, T=4, n_test=20, signal_norm=3.0),
+}
+# (base additions, perturbed value) where the plain default +/- a step would not do
+PERTURB = {
+    "noise_ratio": ({}, 0.5), "label_noise": ({}, "bernoulli"), "label_mode": ({}, "iid"),
+    "init_scale": ({"init": "gaussian", "init_scale": 0.01}, 0.05),
+    "radius_p": ({"project": True, "radius_p": 1e-3}, 2e-3),
+    "radius_v": ({"project": True, "radius_v": 1e-3}, 2e-3),
+    "project": ({"radius_p": 1e-3}, True), "weight_decay": ({}, 0.3),
+    "track": ({"record_every": 2}, (0, 1)), "record_every": ({}, 2), "record_log": ({}, 3),
+    "train": ({}, ("p", "W")), "dtype": ({}, "float64"), "W_init": ({}, "random"),
+    "test_mode": ({}, "sampled"), "init": ({}, "gaussian"), "n_relevant": ({}, 2),
+    "noise_mode": ({}, None), "signal_noise": ({}, True), "residual": ({}, False),
+    "query_lambda": ({}, 0.5),
+}
+# Settings that by design do not change a run's numbers; each is checked elsewhere.
+NO_NUMBERS = {
+    "model": "which model (this whole test is per model)",
+    "engine": "how the run is computed, not what: engines are compared in tests/test_engines.py",
+    "test_eps": "a host-side regime threshold (tests/test_sweep.py, regime thresholds)",
+    "train_acc_fit": "a host-side regime threshold (tests/test_sweep.py, regime thresholds)",
+}
+
+
+def _flat(out):
+    return {f"{part}/{k}": np.asarray(v) for part in ("final", "dynamics", "samples")
+            for k, v in getattr(out, part).items()}
+
+
+def _differs(a, b) -> bool:
+    fa, fb = _flat(a), _flat(b)
+    if set(fa) != set(fb):
+        return True
+    return any(fa[k].shape != fb[k].shape or not np.array_equal(fa[k], fb[k], equal_nan=True)
+               for k in fa)
+
+
+def _perturbed(s, value):
+    if s.name in PERTURB:
+        extra, v = PERTURB[s.name]
+        if v is not None:
+            return extra, v
+    if s.choices:
+        return {}, next(c for c in s.choices if c != s.default)
+    if s.type is bool:
+        return {}, not s.default
+    if s.type is int:
+        return {}, value + 1
+    if s.type is float:
+        return {}, value * 1.5 if value else 0.1
+    raise AssertionError(f"no perturbation for {s.name}")
+
+
+def _walk(model_name, kinds):
+    model = phasebo.MODELS[model_name]
+    base = {"model": model_name, "engine": "direct", **BASE[model_name]}
+    checked = 0
+    for name, s in model.settings.items():
+        if name in NO_NUMBERS:
+            assert not s.identity or name == "model", name
+            continue
+        if s.kind not in kinds:
+            continue
+        extra, new = _perturbed(s, base.get(name, s.default))
+        b = {**base, **extra}
+        if s.requires:  # both sides with the setting it needs (else it is refused: below)
+            b.setdefault(*s.requires)
+        a = run_one(b)
+        c = run_one({**b, name: new})
+        assert _differs(a, c), f"{model_name}: {name} = {new!r} changed nothing"
+        checked += 1
+    return checked
+
+
+@pytest.fixture
+def x64():
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", old)
+
+
+# the generic run is shared: two models in the default suite, every model with -m slow
+@pytest.mark.parametrize("model", [m if m in ("prompt_attention", "single_head") else
+                                   pytest.param(m, marks=pytest.mark.slow) for m in BASE])
+def test_every_swept_setting_changes_the_run(model):
+    assert _walk(model, ("swept", "key")) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(BASE))
+def test_every_static_setting_changes_the_run(model, x64):
+    assert _walk(model, ("static",)) >= 3
+
+
+def test_settings_without_effect_are_refused():
+    cases = [({"init_scale": 0.1}, "init_scale = 0.1 has no effect unless init"),
+             ({"radius_p": 2.0}, "radius_p = 2.0 has no effect unless project"),
+             ({"model": "single_head", "radius_v": 2.0}, "radius_v = 2.0 has no effect"),
+             ({"track": [0, 3]}, "track = \\[0, 3\\] has no effect without recording"),
+             ({"weight_decay": 0.1, "model": "constructed_query"}, "not a setting"),
+             ({"model": "single_head", "rho": 0.5}, "rho = 0.5 is not a setting of model")]
+    for settings, words in cases:
+        with pytest.raises(ConfigError, match=words):
+            phasebo.spec_from_dict(settings)
+
+
+def test_results_carry_only_their_models_settings_and_a_mixed_sweep_gets_the_union(tmp_path):
+    spec = phasebo.spec_from_dict({"d": 40, "n_test": 40, "steps": 3, "engine": "direct"},
+                                  cases=[{"model": "prompt_attention", "rho": 0.2},
+                                         {"model": "single_head", "n": 10}], name="mixed")
+    df = run_sweep(spec, tmp_path / "m", quiet=True, plots=False)
+    pa, sh = df[df["model"] == "prompt_attention"], df[df["model"] == "single_head"]
+    assert pa["rho"].notna().all() and sh["rho"].isna().all()  # rho is not single_head's
+    assert pa["radius_v"].isna().all() and sh["radius_v"].notna().all()
+    assert pa["train"].notna().all() and sh["train"].isna().all()
