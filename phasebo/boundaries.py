@@ -1,0 +1,277 @@
+"""Phase boundaries as results: locate them with confidence intervals and test scaling laws.
+
+**Boundary along a slice.** For every value of the slice column ``y`` (and of any ``by``
+columns), keep the runs whose regime is one of ``between = (A, B)`` and fit
+
+    P(regime = B | x) = sigmoid(a + c · u),     u = log x  (or x, with ``log=False``)
+
+by maximum likelihood (a tiny ridge on ``c`` keeps perfectly separated slices finite). The
+boundary is the ``x`` where P(B) = ½, ``x* = exp(-a / c)``. Its confidence interval is a percentile
+bootstrap over *seeds*: a seed (a ``(seed, root_seed)`` pair) is one draw of the randomness across
+the whole slice, so seeds, not runs, are resampled; the percentile interval is widened by the
+small-sample factor t_{U-1}·√(U/(U-1))/z for U seeds (on planted boundaries at 20 seeds a
+plain percentile bootstrap covers 91 % instead of 95 %; widened, 92 %). Runs of any third regime
+are left out of the fit and counted in ``n_other``. A slice whose runs are all ``A`` or all
+``B`` has no boundary (``status = "all_A"`` / ``"all_B"``); one whose estimate lies outside the
+sampled ``x`` range is ``"outside_range"`` (an extrapolation is not a measurement); a slice whose
+``A`` and ``B`` runs do not overlap in ``x`` is ``"separated"``: its interval is then at least the
+gap between the last all-``A`` and the first all-``B`` value, since the data cannot place the
+boundary inside it.
+
+**Scaling law.** :func:`fit_power_law` fits ``boundary = prefactor · x^exponent`` by weighted least
+squares on log axes, each boundary weighted by its CI (standard deviation ``log(hi/lo) / 2z``); the
+exponent's interval is normal with the residual scatter folded in when it exceeds the CIs
+(``chi2_dof > 1``). The theories' exponents:
+
+- Sakamoto & Sato (prompt attention): the regimes are set by n·SNR², SNR = ‖μ‖ / (σ√d), so at fixed
+  ``n`` an iso-SNR boundary has ``‖μ‖* ∝ d^½`` (boundary along ``signal_norm`` per ``d``, exponent
+  ½), equivalently ``d* ∝ ‖μ‖²`` (along ``d`` per ``signal_norm``, exponent 2);
+- Magen et al. (single-head attention): benign overfitting iff SNR ≳ c / √n, so ``SNR* ∝ n^-½``
+  (boundary along ``x = "snr"`` per ``n``, then fit against ``n``: exponent −½).
+
+Both functions take any regime names, including ones derived with your own thresholds: pass the
+column with ``regime=``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from .analysis import setting_columns
+
+THEORY_EXPONENTS = {
+    # (boundary axis, slice axis): (exponent, where it comes from)
+    ("signal_norm", "d"): (0.5, "iso-SNR: n SNR^2 fixed, SNR = ||mu|| / (sigma sqrt d)"),
+    ("d", "signal_norm"): (2.0, "iso-SNR: d* = n ||mu||^2 / (sigma^2 n SNR^2) at fixed n SNR^2"),
+    ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n)"),
+    ("rho", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n) at fixed d"),
+}
+STATUSES = ("ok", "separated", "outside_range", "all_A", "all_B", "too_few")
+Z95 = NormalDist().inv_cdf(0.975)
+RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
+
+
+def _fit(u: np.ndarray, yb: np.ndarray, w: np.ndarray, iters: int = 60):
+    """Weighted logistic regression of ``yb`` on ``u`` for every row of weights ``w`` (R, N) at
+    once (Newton steps on two parameters): the bootstrap fits all replicates in one array pass,
+    where a per-replicate library fit would loop R times. Returns ``a``, ``c`` (R,) and the log
+    likelihoods of the fit and of the intercept-only model."""
+    R = w.shape[0]
+    a = np.zeros(R)
+    c = np.zeros(R)
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-(a[:, None] + c[:, None] * u)))
+        r = w * (yb - p)
+        h = w * p * (1 - p) + 1e-12
+        g0, g1 = r.sum(1), (r * u).sum(1) - RIDGE * c
+        h00, h01, h11 = h.sum(1), (h * u).sum(1), (h * u * u).sum(1) + RIDGE
+        det = h00 * h11 - h01 * h01
+        da, dc = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
+        a, c = a + da, c + dc
+        if np.max(np.abs(da) + np.abs(dc)) < 1e-9:
+            break
+    p = np.clip(1.0 / (1.0 + np.exp(-(a[:, None] + c[:, None] * u))), 1e-12, 1 - 1e-12)
+    ll = (w * (yb * np.log(p) + (1 - yb) * np.log(1 - p))).sum(1)
+    p0 = np.clip((w * yb).sum(1) / w.sum(1), 1e-12, 1 - 1e-12)[:, None]
+    ll0 = (w * (yb * np.log(p0) + (1 - yb) * np.log(1 - p0))).sum(1)
+    return a, c, ll, ll0
+
+
+def _t_quantile(p: float, nu: int) -> float:
+    """Student-t quantile by the Cornish-Fisher expansion (error < 1e-3 for nu >= 3)."""
+    z = NormalDist().inv_cdf(p)
+    nu = max(nu, 1)
+    return z + (z**3 + z) / (4 * nu) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * nu**2) \
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * nu**3)
+
+
+def _seed_units(d: pd.DataFrame) -> np.ndarray:
+    cols = [c for c in ("seed", "root_seed") if c in d.columns]
+    if not cols:
+        return np.arange(len(d))
+    return d.groupby(cols, sort=True, observed=True).ngroup().to_numpy()
+
+
+def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int, level: float,
+           rng: np.random.Generator) -> dict:
+    A, B = between
+    reg = d[regime].astype(str).to_numpy()
+    keep = (reg == A) | (reg == B)
+    out = {"n_runs": int(keep.sum()), "n_a": int((reg == A).sum()), "n_b": int((reg == B).sum()),
+           "n_other": int((~keep).sum()), "boundary": np.nan, "lo": np.nan, "hi": np.nan,
+           "slope": np.nan, "pseudo_r2": np.nan}
+    d = d[keep]
+    xv = d[x].to_numpy(float)
+    out["n_seeds"] = int(len(np.unique(_seed_units(d)))) if len(d) else 0
+    out["n_x"] = int(len(np.unique(xv)))
+    if out["n_a"] == 0 or out["n_b"] == 0:
+        out["status"] = "too_few" if len(d) == 0 else ("all_A" if out["n_b"] == 0 else "all_B")
+        return out
+    if out["n_x"] < 2:
+        out["status"] = "too_few"
+        return out
+    t = np.log(xv) if log else xv
+    m, s = t.mean(), t.std() or 1.0
+    u = (t - m) / s
+    yb = (d[regime].astype(str).to_numpy() == B).astype(float)
+    units = _seed_units(d)
+    U = units.max() + 1
+    counts = rng.multinomial(U, np.full(U, 1.0 / U), size=n_boot).astype(float)
+    w = np.vstack([np.ones(len(d)), counts[:, units]])
+    a, c, ll, ll0 = _fit(u, yb, w)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t_star = m + s * (-a / c)
+    back = np.exp if log else (lambda v: v)
+    est = float(t_star[0])
+    boots = t_star[1:][np.isfinite(t_star[1:])]
+    alpha = (1 - level) / 2
+    lo, hi = (np.quantile(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
+    # a bootstrap over U seeds underestimates the spread by sqrt((U - 1) / U) and ignores that
+    # the spread itself is estimated: widen by t_{U-1} sqrt(U / (U - 1)) / z (≈ 1.10 at U = 20)
+    f = _t_quantile(1 - alpha, U - 1) * math.sqrt(U / max(U - 1, 1)) / NormalDist().inv_cdf(
+        1 - alpha) if U > 1 else 1.0
+    lo, hi = est - f * (est - lo), est + f * (hi - est)
+    # separated: the B runs all on one side of the A runs; the data say only "in this gap"
+    xa, xb = t[yb == 0], t[yb == 1]
+    status = "ok"
+    if xa.max() < xb.min() or xb.max() < xa.min():
+        status = "separated"
+        g0, g1 = (xa.max(), xb.min()) if xa.max() < xb.min() else (xb.max(), xa.min())
+        lo, hi = min(lo, g0), max(hi, g1)
+    if not (t.min() <= est <= t.max()):
+        out["status"] = "outside_range"
+        return out
+    out.update(boundary=float(back(est)), lo=float(back(lo)), hi=float(back(hi)),
+               slope=float(c[0] / s), status=status,
+               pseudo_r2=float(1 - ll[0] / ll0[0]) if ll0[0] < 0 else np.nan)
+    return out
+
+
+def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("benign", "harmful"), *,
+               by: Sequence[str] = (), over: Sequence[str] = (), regime: str = "regime",
+               log: bool | None = None, n_boot: int = 400, level: float = 0.95,
+               seed: int = 0) -> pd.DataFrame:
+    """The boundary between regimes ``A`` and ``B`` (``between``) along ``x`` for each value of
+    ``y`` (and of the ``by`` columns), from a table of runs (:func:`phasebo.load`).
+
+    Returns one row per slice: ``y`` (named as the column), the ``by`` columns, ``boundary`` (the
+    ``x`` where P(B) = ½), ``lo``/``hi`` (its ``level`` bootstrap-over-seeds interval), ``n_runs``
+    (runs of ``A`` or ``B``), ``n_a``, ``n_b``, ``n_other``, ``n_seeds``, ``n_x`` (distinct ``x``
+    values), ``slope`` (d logit / d log x), ``pseudo_r2`` (McFadden), ``status`` (one of
+    ``ok``, ``separated``, ``outside_range``, ``all_A``, ``all_B``, ``too_few``), ``x`` and
+    ``between``. A setting other than ``x``, ``y``, ``by`` and the seed that varies inside a slice
+    is an error (the fit would pool it) unless it is named in ``over``.
+    """
+    if len(between) != 2 or between[0] == between[1]:
+        raise ValueError(f"between = {tuple(between)!r}: give two different regime names, e.g. "
+                         "('benign', 'harmful')")
+    for col in (x, y, regime, *by):
+        if col not in df.columns:
+            raise ValueError(f"column {col!r} is not in the table; it has "
+                             f"{', '.join(map(str, df.columns[:30]))}")
+    if "status" in df.columns:
+        df = df[df["status"].astype(str) == "ok"]
+    keys = [y, *by]
+    fixed = {x, *keys, *over, "seed", "root_seed"}
+    varying = [c for c in setting_columns(df) if c not in fixed
+               and df.groupby(keys, observed=True)[c].nunique(dropna=False).max() > 1]
+    if varying:
+        raise ValueError(f"{', '.join(varying)} vary inside the slices of {', '.join(keys)}: a "
+                         "boundary fit would pool them; fix: add them to by=[...], select one "
+                         "value first, or name them in over=[...] to pool them")
+    if log is None:
+        log = bool((df[x] > 0).all())
+    if log and (df[x] <= 0).any():
+        raise ValueError(f"log = True needs {x} > 0; fix: log=False")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for key, d in df.groupby(keys, sort=True, observed=True):
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append({**dict(zip(keys, key)),
+                     **_slice(d, x, regime, tuple(between), log, n_boot, level, rng)})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["status"] = pd.Categorical(out["status"], categories=STATUSES)
+    out["x"] = x
+    out["between"] = f"{between[0]}/{between[1]}"
+    return out
+
+
+def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float = 0.95,
+                  exponent: float | None = None) -> dict:
+    """Fit ``y = prefactor · x^exponent`` to the rows of ``b`` with a finite ``y`` (by default the
+    output of :func:`boundaries`, whose ``lo``/``hi`` weight the points).
+
+    Returns ``exponent``, ``lo``, ``hi`` (its ``level`` interval), ``prefactor``, ``n_points``
+    and ``chi2_dof`` (of the weighted residuals; > 1 when the points scatter more than their
+    CIs, and the interval is then widened by √chi2_dof). With ``exponent=`` given, only the
+    prefactor is fitted (the theory's curve with its constant fitted).
+    """
+    ok = b[np.isfinite(b[y].to_numpy(float))]
+    if "status" in ok.columns:
+        ok = ok[ok["status"].astype(str).isin(("ok", "separated"))]
+    X = np.log(ok[x].to_numpy(float))
+    Y = np.log(ok[y].to_numpy(float))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    if {"lo", "hi"} <= set(ok.columns):
+        sd = (np.log(ok["hi"].to_numpy(float)) - np.log(ok["lo"].to_numpy(float))) / (2 * Z95)
+        sd = np.where(np.isfinite(sd) & (sd > 0), sd, np.nan)
+        sd = np.where(np.isnan(sd), np.nanmedian(sd) if np.isfinite(sd).any() else 1.0, sd)
+        sd = np.maximum(sd, 1e-6)
+    else:
+        sd = np.ones(len(X))
+    k = len(X)
+    need = 1 if exponent is not None else 2
+    if k < need:
+        raise ValueError(f"fit_power_law needs at least {need} finite boundaries; got {k}")
+    w = 1.0 / sd**2
+    if exponent is not None:
+        c0 = float(np.sum(w * (Y - exponent * X)) / w.sum())
+        res = Y - c0 - exponent * X
+        dof = max(k - 1, 1)
+        return {"exponent": float(exponent), "lo": float(exponent), "hi": float(exponent),
+                "prefactor": math.exp(c0), "n_points": k,
+                "chi2_dof": float(np.sum(w * res**2) / dof)}
+    A = np.column_stack([np.ones(k), X])
+    cov = np.linalg.inv(A.T @ (A * w[:, None]))
+    beta = cov @ (A.T @ (w * Y))
+    res = Y - A @ beta
+    chi2_dof = float(np.sum(w * res**2) / (k - 2)) if k > 2 else float("nan")
+    scale = max(1.0, chi2_dof) if np.isfinite(chi2_dof) else 1.0
+    se = math.sqrt(cov[1, 1] * scale)
+    return {"exponent": float(beta[1]), "lo": float(beta[1] - z * se),
+            "hi": float(beta[1] + z * se), "prefactor": math.exp(beta[0]), "n_points": k,
+            "chi2_dof": chi2_dof}
+
+
+def theory_exponent(x: str, y: str) -> tuple[float, str] | None:
+    """The theory's exponent of the boundary along ``x`` against the slice axis ``y``."""
+    return THEORY_EXPONENTS.get((x, y))
+
+
+def summary(b: pd.DataFrame, x: str, y: str) -> str:
+    """A short text: the boundaries found, the power-law fit and the theory's exponent."""
+    counts = b["status"].astype(str).value_counts()
+    lines = [f"boundary {b['between'].iloc[0]} along {x}, {len(b)} slices of {y}: "
+             + ", ".join(f"{k} {v}" for k, v in counts.items() if v)]
+    try:
+        fit = fit_power_law(b, y)
+    except ValueError as e:
+        lines.append(f"no power-law fit: {e}")
+        return "\n".join(lines)
+    lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f} "
+                 f"(95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; {fit['n_points']} points, "
+                 f"chi2/dof {fit['chi2_dof']:.2f})")
+    th = theory_exponent(x, y)
+    if th is not None:
+        inside = fit["lo"] <= th[0] <= fit["hi"]
+        lines.append(f"theory: exponent {th[0]:+g} ({th[1]}); "
+                     + ("inside the CI" if inside else "outside the CI"))
+    return "\n".join(lines)
+

@@ -1,0 +1,203 @@
+"""Adaptive refinement: spend runs where a phase boundary lies, not across the whole grid.
+
+Round 0 runs the sweep file's grid (a coarse one). Each later round estimates the boundary
+between ``A`` and ``B`` along ``x`` for every value of ``y`` (:func:`phasebo.boundaries`) and, for
+each slice whose boundary interval is wider than ``target`` (relative: ``(hi - lo) / boundary``),
+
+- adds the midpoints (geometric on a log axis) of the neighbouring ``x`` values that bracket the
+  interval — bisection between disagreeing neighbours, at most ``max_points`` per slice, and
+- where the bracket is already finer than the target, adds ``seeds`` more seeds at the bracketing
+  points instead (a new ``root_seed``, so they are fresh independent runs).
+
+A round is an ordinary sweep in ``<out>/round-<r>/`` (resumable, same schema); its plan depends only
+on the results of the rounds before it, so a killed refinement resumes where it stopped by running
+the same command. ``<out>/results.parquet`` / ``.csv`` hold every round's runs with a ``round``
+column, ``<out>/boundaries.parquet`` / ``.csv`` the final boundaries, and the figures draw the
+refined (non-uniform) grid with the boundary and its band on top.
+
+Sweep-file block (or ``--refine A,B --rounds K --target F`` on the command line)::
+
+    [refine]
+    between = ["benign", "harmful"]   # the two regimes whose boundary is wanted
+    x = "signal_norm"                 # the axis the boundary is located along
+    y = "d"                           # the slice axis (one boundary per value)
+    rounds = 3                        # refinement rounds after the coarse grid
+    target = 0.05                     # stop refining a slice when (hi - lo) / boundary <= target
+    max_points = 2                    # new x values per slice per round
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import config as C
+from .boundaries import boundaries, summary
+from .settings import ConfigError
+
+REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
+               "max_points": int, "seeds": int}
+
+
+@dataclasses.dataclass(frozen=True)
+class Refinement:
+    between: tuple[str, str]
+    x: str
+    y: str
+    rounds: int = 3
+    target: float = 0.05
+    max_points: int = 2
+    seeds: int | None = None  # seeds per new point (default: the sweep's)
+
+
+def parse_refine(spec: C.SweepSpec, block: dict, where: str = "") -> Refinement:
+    """A validated :class:`Refinement` from a ``[refine]`` block (merged with command-line flags)."""
+    for k in block:
+        if k not in REFINE_KEYS:
+            raise ConfigError(f"{where}[refine] {k} is not a refinement key; keys: "
+                              f"{', '.join(REFINE_KEYS)}")
+    between = block.get("between", ["benign", "harmful"])
+    if isinstance(between, str):
+        between = [b.strip() for b in between.split(",")]
+    if not (isinstance(between, list) and len(between) == 2 and between[0] != between[1]):
+        raise ConfigError(f"{where}[refine] between = {between!r} must name two different regimes, "
+                          "e.g. [\"benign\", \"harmful\"]")
+    axes = [a for a, v in spec.axes.items() if len(v) > 1]
+    x, y = block.get("x"), block.get("y")
+    if x is None or y is None:
+        from .plot import default_heatmap_axes
+
+        dx = default_heatmap_axes(spec) or (None, None)
+        x, y = x or dx[0], y or dx[1]
+    for name, v in (("x", x), ("y", y)):
+        if v not in axes:
+            raise ConfigError(f"{where}[refine] {name} = {v!r} must be an axis of the sweep with "
+                              f"several values (it has {', '.join(axes) or 'none'})")
+    if x == y:
+        raise ConfigError(f"{where}[refine] x and y are both {x!r}; fix: two different axes")
+    extra = [a for a in axes if a not in (x, y)]
+    if extra or len(spec.cases) > 1:
+        raise ConfigError(f"{where}[refine] refines one (x, y) map, but the sweep also varies "
+                          f"{', '.join(extra) or 'its [[cases]]'}; fix: fix those settings (one "
+                          "refined sweep per value)")
+    num = [float(v) for v in spec.axes[x] if isinstance(v, int | float)]
+    if len(num) != len(spec.axes[x]):
+        raise ConfigError(f"{where}[refine] x = {x!r} must be a numeric axis")
+    r = Refinement(between=(str(between[0]), str(between[1])), x=x, y=y,
+                   rounds=int(block.get("rounds", 3)), target=float(block.get("target", 0.05)),
+                   max_points=int(block.get("max_points", 2)), seeds=block.get("seeds"))
+    if r.rounds < 0:
+        raise ConfigError(f"{where}[refine] rounds = {r.rounds} must be >= 0")
+    if not r.target > 0:
+        raise ConfigError(f"{where}[refine] target = {r.target} must be > 0 (a relative width)")
+    if r.max_points < 1:
+        raise ConfigError(f"{where}[refine] max_points = {r.max_points} must be >= 1")
+    if r.seeds is not None and int(r.seeds) < 1:
+        raise ConfigError(f"{where}[refine] seeds = {r.seeds} must be >= 1")
+    return r
+
+
+def _mid(a: float, b: float, log: bool, integer: bool):
+    m = float(np.sqrt(a * b)) if log else (a + b) / 2
+    return int(round(m)) if integer else round(m, 10)
+
+
+def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
+               integer_x: bool) -> tuple[list[dict], pd.DataFrame]:
+    """The cases of round ``rnd`` (new ``(x, y)`` points, or more seeds at existing ones) from the
+    runs so far, and the boundaries they were planned from."""
+    b = boundaries(df, r.x, r.y, r.between)
+    log = bool((df[r.x] > 0).all())
+    cases: list[dict] = []
+    for _, row in b.iterrows():
+        if str(row["status"]) not in ("ok", "separated"):
+            continue
+        width = (row["hi"] - row["lo"]) / row["boundary"]
+        if not width > r.target:
+            continue
+        xs = np.unique(df.loc[df[r.y] == row[r.y], r.x].to_numpy(float))
+        # the neighbouring x values that bracket the interval [lo, hi]
+        i0 = max(int(np.searchsorted(xs, row["lo"], side="right")) - 1, 0)
+        i1 = min(int(np.searchsorted(xs, row["hi"], side="left")), len(xs) - 1)
+        gaps = [(xs[i], xs[i + 1]) for i in range(i0, i1)]
+        # bisect the widest gaps (relative to the boundary) that are wider than the target
+        gaps = [g for g in gaps if (g[1] - g[0]) / row["boundary"] > r.target / 2]
+        gaps.sort(key=lambda g: -(np.log(g[1] / g[0]) if log else g[1] - g[0]))
+        mids = {_mid(a, c, log, integer_x) for a, c in gaps[: r.max_points]} - set(xs.tolist())
+        y = row[r.y].item() if hasattr(row[r.y], "item") else row[r.y]
+        if mids:
+            cases += [{r.x: m, r.y: y} for m in sorted(mids)]
+        else:  # the grid is fine enough here: more seeds at the bracketing points
+            for v in {xs[i0], xs[i1]}:
+                v = int(v) if integer_x else float(v)
+                cases.append({r.x: v, r.y: y, "root_seed": base_root_seed + rnd})
+    return cases, b
+
+
+def _round_spec(spec: C.SweepSpec, r: Refinement, cases: list[dict], rnd: int) -> C.SweepSpec:
+    axes = {k: v for k, v in spec.axes.items() if k not in (r.x, r.y)}
+    fixed = {k: v for k, v in spec.fixed.items() if k not in (r.x, r.y)}
+    merged = [{**spec.cases[0], **c} for c in cases]
+    new = C.SweepSpec(name=f"{spec.name}-round{rnd}", fixed=fixed, axes=axes,
+                      seeds=int(r.seeds or spec.seeds), plot={}, description=spec.description,
+                      cases=tuple(merged))
+    C.validate(new, where=f"refinement round {rnd}: ")
+    return new
+
+
+def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = None, *,
+                 run_sweep, quiet: bool = False, plots: bool = True, formats=("png",),
+                 dpi: int = 150, **run_kw) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run ``spec`` (round 0) and up to ``r.rounds`` refinement rounds through ``run_sweep``
+    (:func:`phasebo.sweep.run_sweep`, passed in: the sweep driver calls this module, not the
+    other way round); returns the runs of every round (with a ``round`` column) and the final
+    boundaries. ``phasebo.refine_sweep`` passes it for you."""
+    out_dir = Path(out_dir) if out_dir is not None else Path("results") / spec.name
+    integer_x = all(isinstance(v, int) for v in spec.axes[r.x])
+    root = int(spec.fixed.get("root_seed", 0))
+    tables, log = [], []
+    cur = spec
+    for rnd in range(r.rounds + 1):
+        df = run_sweep(cur, out_dir / f"round-{rnd}", quiet=quiet, plots=False, **run_kw)
+        if df is None:  # another process's share, or stopped early
+            return None, None
+        tables.append(df.assign(round=rnd))
+        runs = pd.concat(tables, ignore_index=True)
+        cases, b = plan_round(runs, r, root + 1000, rnd + 1, integer_x)
+        widths = ((b["hi"] - b["lo"]) / b["boundary"]).to_numpy(float) if len(b) else np.array([])
+        widths = widths[np.isfinite(widths)]
+        log.append({"round": rnd, "runs": len(df), "total_runs": len(runs),
+                    "slices_open": int(len({c[r.y] for c in cases})),
+                    "median_rel_width": float(np.median(widths)) if len(widths) else float("nan"),
+                    "boundaries": int(len(widths))})
+        if not quiet:
+            print(f"refine round {rnd}: {len(df)} runs ({len(runs)} in all); median boundary "
+                  f"CI width {log[-1]['median_rel_width']:.3f} of the boundary; "
+                  f"{log[-1]['slices_open']} slices above the target {r.target}", file=sys.stderr)
+        if not cases or rnd == r.rounds:
+            break
+        cur = _round_spec(spec, r, cases, rnd + 1)
+    runs = pd.concat(tables, ignore_index=True)
+    runs["round"] = runs["round"].astype("int64")
+    b = boundaries(runs, r.x, r.y, r.between)
+    from .results import write_csv_atomic, write_table_atomic
+
+    write_table_atomic(runs, out_dir / "results.parquet")
+    write_csv_atomic(runs, out_dir / "results.csv")
+    write_table_atomic(b, out_dir / "boundaries.parquet")
+    write_csv_atomic(b, out_dir / "boundaries.csv")
+    (out_dir / "refine.json").write_text(json.dumps(
+        {"refinement": dataclasses.asdict(r), "rounds": log}, indent=1))
+    if not quiet:
+        print(summary(b, r.x, r.y), file=sys.stderr)
+    if plots:
+        from .plot import boundary_figure, save
+
+        fig = boundary_figure(runs, b, r.x, r.y)
+        save(fig, out_dir / f"boundary_{r.between[0]}_{r.between[1]}", formats, dpi)
+    return runs, b
