@@ -1,0 +1,143 @@
+"""The real-data model: scikit-learn digits, a cached pretrained ViT, phase 2 on query/key only.
+
+Small sizes: a backbone of width 8 pretrained for 60 steps (its accuracy is not the point here;
+``phasebo pretrain`` builds the real one)."""
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import phasebo
+from phasebo.models import vit_digits as V
+from phasebo.registry import get_model
+from phasebo.settings import ConfigError
+from phasebo.sweep import run_one
+
+SMALL = {"model": "vit_digits", "vit_width": 8, "vit_heads": 2, "vit_depth": 2,
+         "pretrain_steps": 60, "n": 20, "n_test": 100, "steps": 30, "lr": 0.5}
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path_factory, monkeypatch):
+    d = tmp_path_factory.getbasetemp() / "vit-cache"
+    monkeypatch.setenv("PHASEBO_CACHE", str(d))
+    yield d
+
+
+def test_digits_ship_with_scikit_learn_and_split_disjointly():
+    data = V.digits()
+    sizes = {k: len(v[1]) for k, v in data.items()}
+    assert sizes == V.SPLITS and sum(sizes.values()) == 1797
+    flat = {k: {x.tobytes() for x in v[0]} for k, v in data.items()}
+    # disjoint by image (the digits have a few exact duplicate images; allow those)
+    assert len(flat["pool"] & flat["test"]) <= 2 and len(flat["pretrain"] & flat["test"]) <= 4
+    x, y = V.split("pool", (3, 8))
+    assert set(np.unique(y)) == {0, 1} and x.shape[1:] == (16, 4)
+
+
+def test_pretraining_is_deterministic_and_cached(cache):
+    model = get_model("vit_digits")
+    st = model.static_of(SMALL)
+    cfg = V.backbone_settings(st)
+    V.PRETRAINED.clear()
+    before = V.PRETRAIN_RUNS[0]
+    first = V.load_backbone(st, quiet=True)  # trains and stores
+    assert V.PRETRAIN_RUNS[0] == before + 1
+    assert V.backbone_path(cfg).with_suffix(".eqx").exists()
+    V.PRETRAINED.clear()  # as a new process: read from disk, no training
+    again = V.load_backbone(st, quiet=True)
+    assert V.PRETRAIN_RUNS[0] == before + 1
+    fresh, rec = V.pretrain(cfg, quiet=True)  # deterministic: the same weights again
+    for x, y, z in zip(jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(fresh)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(z))
+    assert 0.0 <= V.backbone_record(st)["test_acc"] <= 1.0 and rec["steps"] == 60
+
+
+def test_label_noise_exact_count_and_never_the_true_class():
+    y = jnp.asarray(np.tile(np.arange(10), 20), jnp.int32)  # n = 200
+    for r, k in ((0.2, 40), (0.05, 10), (0.0, 0)):
+        sw = {"noise_ratio": jnp.float32(r), **{k_: jnp.asarray(v) for k_, v in
+                                                 V.label_values(200, r).items()}}
+        yn, flipped = V.noisy_labels(jr.PRNGKey(3), y, 10, "fixed_count", sw)
+        assert int(flipped.sum()) == k
+        assert bool(jnp.all((yn != y) == flipped))
+    sw = {"noise_ratio": jnp.float32(0.3)}
+    yn, flipped = V.noisy_labels(jr.PRNGKey(4), jnp.zeros(20000, jnp.int32), 10, "bernoulli", sw)
+    assert abs(float(flipped.mean()) - 0.3) < 0.01 and bool(jnp.all(yn[flipped] != 0))
+    # the replacement class is uniform over the other nine
+    counts = np.bincount(np.asarray(yn[flipped]), minlength=10)[1:]
+    assert counts.min() > 0.85 * counts.mean()
+
+
+def test_only_query_and_key_change_in_phase_two():
+    model = get_model("vit_digits")
+    settings = {**model_defaults(), **SMALL}
+    st = model.static_of(settings)
+    sw = {k: jnp.asarray(settings[k], jnp.float32) for k in ("lr", "noise_ratio")}
+    sw.update({k: jnp.asarray(v) for k, v in V.label_values(st.n, 0.2).items()})
+    batch = model.sample(st, sw, jr.PRNGKey(0), test=False)
+    params, fixed = model.init(st, sw, jr.PRNGKey(1), batch)
+    trained = [x for x in jax.tree.leaves(params)]
+    assert len(trained) == 4  # Wq, bq, Wk, bk of the last block
+    import equinox as eqx
+    import optax
+
+    m0 = eqx.combine(params, fixed)
+    aux = model.precompute(m0, batch, st)
+    opt = model.optimizer(st, sw)
+
+    def loss(p):
+        f, _, _ = model.forward(eqx.combine(p, fixed), batch, aux)
+        return model.margin_loss(f, batch.y)[1]
+
+    p, s = params, opt.init(params)
+    for _ in range(5):
+        u, s = opt.update(jax.grad(loss)(p), s, p)
+        p = optax.apply_updates(p, u)
+    m1 = eqx.combine(p, fixed)
+    backbone = model._backbone(st)
+    last0, last1 = V._qk(m0), V._qk(m1)
+    # Wq, bq, Wk move; the key bias shifts every logit of a query row equally, so the softmax
+    # ignores it and its gradient is exactly zero (it is trained, and stays at its init)
+    assert all(not np.array_equal(a, b) for a, b in zip(last0[:3], last1[:3]))
+    np.testing.assert_array_equal(last0[3], last1[3])
+    # every other array is bitwise the pretrained backbone's
+    spec = eqx.tree_at(V._qk, jax.tree.map(lambda _: True, m1), (False,) * 4)
+    other1 = jax.tree.leaves(eqx.filter(m1, spec))
+    other_pre = jax.tree.leaves(eqx.filter(eqx.tree_at(V._qk, backbone, V._qk(m1)), spec))
+    assert len(other1) == len(other_pre) > 20
+    for a, b in zip(other1, other_pre):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def model_defaults():
+    return {k: s.default for k, s in get_model("vit_digits").settings.items()}
+
+
+def test_vmapped_sweep_equals_runs_one_at_a_time(tmp_path):
+    spec = phasebo.spec_from_dict({**SMALL, "record_every": 10}, {"noise_ratio": [0.0, 0.2]},
+                                  seeds=2, name="vit_small")
+    df = phasebo.run_sweep(spec, tmp_path / "v", quiet=True, plots=False)
+    assert len(df) == 4 and (df["status"] == "ok").all()
+    assert {"cls_max_attn", "train_acc_noisy", "test_acc", "train_loss"} <= set(df.columns)
+    for _, row in df.iterrows():
+        one = run_one({**SMALL, "record_every": 10, "noise_ratio": float(row["noise_ratio"])},
+                      seed=int(row["seed"]))
+        for k in ("train_loss", "test_acc", "train_acc", "cls_max_attn"):
+            np.testing.assert_allclose(float(one.final[k]), row[k], rtol=2e-5, atol=1e-6)
+    dyn = phasebo.load_dynamics(tmp_path / "v")
+    assert set(dyn["step"]) == {0, 10, 20, 30} and "cls_max_attn" in dyn.columns
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="n = 600 is more than the 500"):
+        phasebo.spec_from_dict({**SMALL, "n": 600})
+    with pytest.raises(ConfigError, match="fraction"):
+        phasebo.spec_from_dict({**SMALL, "label_noise": "fraction"})
+    with pytest.raises(ConfigError, match="classes"):
+        phasebo.spec_from_dict({**SMALL, "classes": [3]})
+    with pytest.raises(ConfigError, match="d = 100 is not a setting of model 'vit_digits'"):
+        phasebo.spec_from_dict({**SMALL, "d": 100})
