@@ -1,30 +1,31 @@
-"""Side-by-side benchmarks: ``python -m phasebo.bench [--quick] [--heatmap] [--precision]``.
+"""Side-by-side benchmarks: ``python -m phasebo.bench [--quick] [--sections A,B,...]``.
 
-Everything is prompt attention with ``p`` trained (W = I), n = 20, T = 8, 1000 GD steps, the
-default settings of SPEC S2 (``||mu|| = 20``), timed after compilation (AOT-compiled, then run):
+Unless a section says otherwise: prompt attention with ``p`` trained (W = I), n = 20, T = 8,
+||mu|| = 20, 1000 full-batch GD steps of 0.005, timed after compilation (AOT-compiled, one warm-up
+run, then the best of ``--repeat - 1`` timed runs). Every figure of a table is measured in the
+same run, so the ratios compare like with like on this machine. Sections:
 
-1. **loop** (issue 2): phasebo's batched direct engine (the sweep's compiled chunk function:
-   runs split over the local devices, ``lax.map`` over vmapped blocks) vs the same runs one at a
-   time through a jitted per-run function vs a plain NumPy implementation, d in {1000, 2000, 5000}.
-2. **engines** (issue 4): runs/s of the direct, gram and reduced engines for d = 10^3 .. 10^6, and
-   their ratio to the direct engine and to the per-run loop. Where a direct or per-run measurement
-   would take minutes (d >= 10^5) it is timed at two shorter step counts and extrapolated
-   linearly to 1000 steps (marked ``~``).
-3. **blocks**: runs/s of the direct engine (and the reduced one) for vmapped block sizes
-   1, 2, 4, ... on this machine: the best is what ``plan_group`` / ``EngineSpec.block_size`` use.
-4. **precision** (``--precision``): the reduced engine in float32 vs float64 on identical data
-   (sampled in float64), d = 10^3 .. 10^6, at the three regimes of SPEC S2 (n SNR^2 = 0.1, 4, 200).
-5. **heatmap** (``--heatmap``): wall time of ``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml``
-   (39 x 39 grid x ``--heatmap-seeds`` seeds), run in a subprocess with a fresh compilation cache.
+- **loop**: the sweep's batched chunk function (runs sharded over the local devices, vmapped
+  blocks) vs one jitted run at a time vs plain NumPy, d in {1000, 2000, 5000}, direct engine.
+- **engines**: runs/s of the direct, gram and reduced engines at d = 10^3 .. 10^6 and their ratios
+  (direct and per-run timed at two short step counts and extrapolated where they would take
+  minutes; marked ``~``).
+- **wp**: trained W and p (the papers' official runs): direct vs gram engine, d = 1000 .. 5000.
+- **blocks**: runs/s per vmapped block size (the planner's choice is the best measured here).
+- **dynamics**: S2's three regimes with ``record_every = 0`` / ``10`` / ``record_log = 20``.
+- **traces**: traces per sweep for the README job, the heatmap, S2 and the Magen (SNR, n) map:
+  one per compiled program, however many values of d or ||mu||.
+- **readme**: ``python -m phasebo.sweep sweeps/default.toml`` as a subprocess, whole process,
+  with an empty and then a warm compilation cache.
+- **heatmap**: ``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml`` (39 x 39 x
+  ``--heatmap-seeds``) as a subprocess with an empty cache.
+- **precision**: the reduced engine in float32 vs float64 at the three S2 regimes, d = 10^3 .. 10^6.
+- **gpu**: on an accelerator, block sizes by measurement, then the p-only heatmap (100 seeds), the
+  trained-W heatmap (10 seeds) and S2 with dynamics (10,000 seeds) as sweeps, with runs/s, block
+  and chunk sizes and peak device memory.
 
-``--quick`` shrinks every section (a few minutes, mostly compilation). Measured on the shared
-2-core CPU: ``--precision`` with the default sections took 552 s and 623 s; ``--heatmap`` adds the
-sweep's own time (232 s at 100 seeds). The whole record in one command (about 13-15 minutes)::
-
-    python -m phasebo.bench --precision --heatmap --json bench.json
-
-Timings on a shared machine are noisy: each figure is one warm-up run, then the best of
-``--repeat - 1`` timed runs.
+The default sections are ``loop,engines,wp,blocks,dynamics,traces,readme``; ``all`` runs every
+section. ``--quick`` shrinks each one. Timings on a shared machine are noisy.
 """
 
 from __future__ import annotations
@@ -50,74 +51,62 @@ SETTINGS = {"model": "prompt_attention", "n": 20, "T": 8, "signal_norm": 20.0, "
 # --------------------------------------------------------------------------------------------
 
 
-def _group(engine: str, d: int, n_runs: int, steps: int, **extra):
-    import jax.numpy as jnp
-
-    from . import config as C
-    from .config import spec_from_dict
-    from .train import MODELS, swept_arrays
-
-    spec = spec_from_dict({**SETTINGS, "engine": engine, "d": d, "steps": steps, **extra},
-                          seeds=n_runs)
-    runs = spec.runs()
-    static = C.make_static(runs[0])
-    sw = swept_arrays(static, runs, MODELS[static.model])
-    return static, runs, {k: jnp.asarray(v) for k, v in sw.items()}
-
-
-def batched_rate(engine: str, d: int, n_runs: int, steps: int, block: int | None = None,
-                 repeat: int = 1) -> float:
-    """Runs/s of the sweep's compiled chunk function (all local devices)."""
-    import jax
+def _group(engine: str, d: int, n_runs: int, steps: int, block: int | None = None, **extra):
+    """``(group, arrays, n_devices)``: the sweep's plan for ``n_runs`` seeds of one setting."""
     import jax.numpy as jnp
 
     from . import sweep as S
-    from .train import MODELS, resolve_engine
+    from .config import spec_from_dict
 
-    static, runs, sw = _group(engine, d, n_runs, steps)
-    n_dev = len(jax.local_devices())
-    eng = resolve_engine(static)
-    if block is None:
-        nbytes = (eng.bytes_per_run or MODELS[static.model].bytes_per_run)(static)
-        _, block = S.plan_group(static, n_runs, nbytes, n_dev, int(0.5 * S.free_memory_bytes()),
-                                chunk_size=n_runs, engine=eng)
-    unit = block * n_dev
-    width = max(unit, math.ceil(n_runs / unit) * unit)
-    if width != n_runs:
-        return batched_rate(engine, d, width, steps, block, repeat)
-    fn = S.chunk_function(static, block, n_dev)
-    ids = jnp.arange(n_runs, dtype=jnp.uint32)
-    root = jax.random.PRNGKey(0)
-    compiled = fn.lower(sw, ids, root).compile()
+    spec = spec_from_dict({**SETTINGS, "engine": engine, "d": d, "steps": steps, **extra},
+                          seeds=n_runs)
+    pl = S.plan(spec, chunk_size=n_runs, block_size=block)
+    g = pl.groups[0]
+    width = max(g.width, math.ceil(n_runs / (g.block * pl.n_dev)) * g.block * pl.n_dev)
+    arrays, _ = S.chunk_arrays(spec, g, [(g.cells[0], np.arange(n_runs))], width)
+    return g, {k: jnp.asarray(v) for k, v in arrays.items()}, pl.n_dev
+
+
+def batched_rate(engine: str, d: int, n_runs: int, steps: int, block: int | None = None,
+                 repeat: int = 1, **extra) -> float:
+    """Runs/s of the sweep's compiled chunk function (all local devices)."""
+    import jax
+
+    from . import sweep as S
+
+    g, arrays, n_dev = _group(engine, d, n_runs, steps, block, **extra)
+    fn = S.chunk_function(g.model, g.engine, g.program, g.block, n_dev)
+    compiled = fn.lower(arrays).compile()
+    width = len(next(iter(arrays.values())))
     if repeat > 1:
-        jax.block_until_ready(compiled(sw, ids, root))  # warm-up (thread pools, allocator)
+        jax.block_until_ready(compiled(arrays))  # warm-up (thread pools, allocator)
     best = math.inf
     for _ in range(max(1, repeat - 1)):
         t = time.perf_counter()
-        jax.block_until_ready(compiled(sw, ids, root))
+        jax.block_until_ready(compiled(arrays))
         best = min(best, time.perf_counter() - t)
-    return n_runs / best
+    return width / best
 
 
-def per_run_rate(engine: str, d: int, n_runs: int, steps: int, repeat: int = 1) -> float:
+def per_run_rate(engine: str, d: int, n_runs: int, steps: int, repeat: int = 1,
+                 **extra) -> float:
     """Runs/s of one jitted run at a time (a Python loop over runs, one device)."""
     import jax
 
-    from .train import resolve_engine
+    from .sweep import prepare_one
 
-    static, runs, sw = _group(engine, d, n_runs, steps)
-    run = resolve_engine(static).run
-    one = jax.jit(lambda s, k: run(static, s, k))
-    root = jax.random.PRNGKey(0)
-    args = [({k: v[i] for k, v in sw.items()}, jax.random.fold_in(root, i)) for i in range(n_runs)]
-    compiled = one.lower(*args[0]).compile()
+    model, eng, program, sw, key = prepare_one({**SETTINGS, "engine": engine, "d": d,
+                                                "steps": steps, **extra})
+    one = jax.jit(lambda s, k: eng.run(model, program, s, k))
+    keys = [jax.random.fold_in(key, i) for i in range(n_runs)]
+    compiled = one.lower(sw, keys[0]).compile()
     if repeat > 1:
-        jax.block_until_ready(compiled(*args[0]))  # warm-up
+        jax.block_until_ready(compiled(sw, keys[0]))  # warm-up
     best = math.inf
     for _ in range(max(1, repeat - 1)):
         t = time.perf_counter()
-        for a in args:
-            jax.block_until_ready(compiled(*a))
+        for k in keys:
+            jax.block_until_ready(compiled(sw, k))
         best = min(best, time.perf_counter() - t)
     return n_runs / best
 
@@ -223,7 +212,7 @@ def section_loop(q: bool, repeat: int, out: dict, steps: int | None = None) -> N
                                            "numpy": npr})
         rows.append([d, _fmt(b), _fmt(lp), _fmt(npr), f"{b / lp:.2f}", f"{b / npr:.1f}"])
     _print_table(
-        f"issue 2: direct engine, batched vs one at a time vs NumPy ({steps} steps, runs/s)",
+        f"loop: direct engine, batched vs one at a time vs NumPy ({steps} steps, runs/s)",
         ["d", "batched", "per-run jit", "numpy", "batched/per-run", "batched/numpy"], rows,
         f"batched: {n_batch} runs through the sweep's chunk function; per-run: {n_loop} runs; "
         f"numpy: {n_np} run(s)",
@@ -258,7 +247,7 @@ def section_engines(q: bool, repeat: int, out: dict, steps: int | None = None) -
                      _fmt(rec["reduced"] / rec["direct"], big),
                      _fmt(rec["reduced"] / rec["per_run"], big)])
     _print_table(
-        f"issue 4: runs/s per engine ({steps} steps)",
+        f"engines: runs/s per engine ({steps} steps)",
         ["d", "direct", "per-run", "gram", "reduced", "gram/direct", "reduced/direct",
          "reduced/per-run"], rows,
         f"~ : direct and per-run timed at 50 and 150 steps (d = 1e5) or 20 and 60 steps (d = 1e6) "
@@ -282,92 +271,211 @@ def section_blocks(q: bool, repeat: int, out: dict, steps: int | None = None) ->
                  ["engine", "d"] + [f"b={b}" for b in blocks] + ["best"], rows)
 
 
+def section_wp(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
+    """Trained W and p (the papers' official setting): the direct engine touches d x d numbers
+    per step, the gram engine trains W in the span of the data exactly (same numbers)."""
+    ds = [1000] if q else [1000, 2000, 5000]
+    steps = steps or (100 if q else 1000)
+    rows = []
+    for d in ds:
+        pair = (10, 30) if d >= 2000 else (20, 60)
+        direct = extrapolated(lambda s, d=d: batched_rate("direct", d, 2, s, repeat=repeat,
+                                                          train=("p", "W")), steps, pair)
+        gram = batched_rate("gram", d, 16, steps, repeat=repeat, train=("p", "W"))
+        out.setdefault("wp", []).append({"d": d, "steps": steps, "direct": direct, "gram": gram})
+        rows.append([d, _fmt(direct, True), _fmt(gram), _fmt(gram / direct, True),
+                     f"{1 / direct:.1f}", f"{1 / gram:.3f}"])
+    _print_table(f"trained W and p: direct vs gram engine ({steps} steps)",
+                 ["d", "direct runs/s", "gram runs/s", "gram/direct", "direct s/run", "gram s/run"],
+                 rows, "~ : direct timed at two short step counts and extrapolated linearly")
+
+
+S2_CASES = ((5000, 5.0), (2000, 20.0), (1000, 100.0))
+
+
+def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
+    """S2 (the three regimes of the fig. 3 sweep) with dynamics recorded every 10 steps, at 20
+    log-spaced steps, and not at all: the throughput of the sweep's chunk function."""
+    steps = steps or 1000
+    n = 256 if q else 1000
+    rows = []
+    for d, mu in ([S2_CASES[1]] if q else S2_CASES):
+        rates = {}
+        for label, rec in (("none", {}), ("every 10", {"record_every": 10}),
+                           ("log 20", {"record_log": 20})):
+            rates[label] = batched_rate("reduced", d, n, steps, repeat=repeat, signal_norm=mu,
+                                        **rec)
+        out.setdefault("dynamics", []).append({"d": d, "signal_norm": mu, "runs": n, **rates})
+        rows.append([d, mu, _fmt(rates["none"]), _fmt(rates["every 10"]), _fmt(rates["log 20"]),
+                     f"{rates['every 10'] / rates['none']:.2f}",
+                     f"{rates['log 20'] / rates['none']:.2f}"])
+    _print_table(f"dynamics: S2 runs/s with and without records ({n} runs, {steps} steps, "
+                 "reduced engine)",
+                 ["d", "||mu||", "no records", "every 10", "log 20", "every10/none", "log20/none"],
+                 rows)
+
+
+def _sweep_proc(args: list[str], cache: Path) -> tuple[float, int, str]:
+    env = dict(os.environ, PHASEBO_CACHE=str(cache))
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "phasebo.sweep", *args], env=env,
+                          capture_output=True, text=True)
+    return time.perf_counter() - t, proc.returncode, proc.stderr
+
+
+def section_readme(q: bool, out: dict) -> None:
+    """The README's main job (``python -m phasebo.sweep sweeps/default.toml``: 1000 runs with
+    dynamics, tables and figures), whole process, with an empty and with a warm compilation
+    cache."""
+    sweep_file = Path(__file__).resolve().parent.parent / "sweeps" / "default.toml"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "cache"
+        for label, run in (("cold", 0), ("warm", 1), ("warm", 2)):
+            wall, rc, err = _sweep_proc([str(sweep_file), "--out", str(Path(tmp) / f"o{run}"),
+                                         "--quiet"], cache)
+            out.setdefault("readme", []).append({"cache": label, "wall_s": wall, "rc": rc})
+            rows.append([label, f"{wall:.1f}", "ok" if rc == 0 else f"FAILED: {err[-300:]}"])
+            if q and run == 1:
+                break
+    _print_table("readme: python -m phasebo.sweep sweeps/default.toml, whole process",
+                 ["compilation cache", "wall s", "status"], rows,
+                 "targets: <= 20 s cold, <= 10 s warm on 2 cores")
+
+
+def section_traces(q: bool, out: dict) -> None:
+    """Traces per sweep: every group of runs that share a compiled program is traced once."""
+    from . import sweep as S
+    from .config import load_sweep
+
+    root = Path(__file__).resolve().parent.parent / "sweeps"
+    rows = []
+    for name, seeds in (("default.toml", 1), ("sakamoto_heatmap.toml", 1),
+                        ("sakamoto_fig3.toml", 2), ("magen_snr_n_heatmap.toml", 1)):
+        spec = load_sweep(root / name, seeds=seeds)
+        pl = S.plan(spec)
+        S.TRACES.clear()
+        S._COMPILED.clear()
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False)
+            wall = time.perf_counter() - t
+        traces = sum(S.TRACES.values())
+        cells = sum(len(g.cells) for g in pl.groups)
+        out.setdefault("traces", []).append({"sweep": name, "cells": cells, "groups":
+                                             len(pl.groups), "traces": traces, "wall_s": wall})
+        rows.append([name, spec.n_runs, cells, len(pl.groups), traces, f"{wall:.1f}"])
+    _print_table("traces: one trace per compiled program (1-2 seeds per cell)",
+                 ["sweep", "runs", "static cells", "groups", "traces", "wall s (incl. compile)"],
+                 rows)
+
+
 def section_precision(q: bool, out: dict, steps: int | None = None) -> None:
-    import jax
-
-    jax.config.update("jax_enable_x64", True)
-    import jax.numpy as jnp
-    import jax.random as jr
-
-    from .data import Batch
-    from .engines.prompt import reduced_sample
-    from .engines.span import flat_gram, span_gd
-    from .models import sakamoto_head
+    """The reduced engine in float32 vs float64 (same keys; the normals are drawn in each
+    precision, so runs agree in distribution, not bit for bit): the cell means of test accuracy
+    and the regime fractions at S2's three regimes and at d = 10^3 .. 10^6."""
+    from . import sweep as S
+    from .config import spec_from_dict
 
     ds = [1000, 1_000_000] if q else [1000, 10_000, 100_000, 1_000_000]
-    seeds = 4 if q else 16
+    seeds = 32 if q else 128
     steps = steps or (200 if q else 1000)
-    n, T = SETTINGS["n"], SETTINGS["T"]
-    roles = np.array([0, 1, 2] + [3] * (T - 3))
     rows = []
     for d in ds:
         for kappa in (0.1, 4.0, 200.0):
-            mu = math.sqrt(kappa * d / n)
-            sw = {"signal_norm": jnp.float64(mu), "rho": jnp.float64(0.1),
-                  "sigma_eps": jnp.float64(1.0), "noise_ratio": jnp.float64(0.2),
-                  "n_flip_per_class": jnp.int32(2), "dim": jnp.int32(d)}
-
-            def one(key, dtype, sw=sw, d=d):
-                b64 = reduced_sample(key, n, d, roles, sw, label_mode="balanced",
-                                     label_noise="fraction", dtype=jnp.float64)
-                b = Batch(*(x.astype(dtype) if x.dtype == jnp.float64 else x for x in b64))
-                nu = sakamoto_head(b.X.shape[-1], sw["signal_norm"].astype(dtype), dtype)
-                h = b.X @ nu
-                K = flat_gram(b.X)
-                res = span_gd(K, jnp.zeros((n, T), dtype), h, jnp.asarray(SETTINGS["lr"], dtype),
-                              steps, (), lambda *a: {}, b, roles == 0)
-                f, s, a = res[1]
-                return a.astype(jnp.float64), res[2], jnp.mean(b.y * f > 0)
-
-            keys = jax.vmap(lambda i: jr.fold_in(jr.PRNGKey(1), i))(jnp.arange(seeds))
-            a64, ff64, acc64 = jax.jit(jax.vmap(lambda k: one(k, jnp.float64)))(keys)
-            a32, ff32, acc32 = jax.jit(jax.vmap(lambda k: one(k, jnp.float32)))(keys)
-            a64, a32 = np.asarray(a64), np.asarray(a32)
-            gap64 = a64 - a64.max(-1, keepdims=True)
-            gap32 = a32 - a32.max(-1, keepdims=True)
-            err = float(np.max(np.abs(gap64 - gap32)))
-            rel = err / max(float(np.max(np.abs(gap64))), 1e-30)
-            ff_diff = float(np.mean(np.any(np.asarray(ff64) != np.asarray(ff32), axis=-1)))
-            acc_diff = float(np.max(np.abs(np.asarray(acc64) - np.asarray(acc32))))
-            out.setdefault("precision", []).append(
-                {"d": d, "n_snr2": kappa, "logit_gap_err": err, "rel": rel,
-                 "runs_first_fit_differs": ff_diff, "train_acc_diff": acc_diff})
-            rows.append([d, kappa, f"{mu:.3g}", f"{err:.2e}", f"{rel:.1e}", f"{ff_diff:.2f}",
-                         f"{acc_diff:.2f}"])
+            mu = math.sqrt(kappa * d / SETTINGS["n"])
+            res = {}
+            for dtype in ("float32", "float64"):
+                spec = spec_from_dict({**SETTINGS, "d": d, "signal_norm": mu, "steps": steps,
+                                       "dtype": dtype}, seeds=seeds)
+                with tempfile.TemporaryDirectory() as tmp:
+                    res[dtype] = S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False)
+            a, b = res["float32"], res["float64"]
+            dacc = float(a["test_acc"].mean() - b["test_acc"].mean())
+            se = float(np.hypot(a["test_acc"].std() / np.sqrt(seeds),
+                                b["test_acc"].std() / np.sqrt(seeds)))
+            dreg = {r: float((a["regime"] == r).mean() - (b["regime"] == r).mean())
+                    for r in ("benign", "harmful", "not_overfitting")}
+            div = int((a["status"] != "ok").sum()), int((b["status"] != "ok").sum())
+            out.setdefault("precision", []).append({"d": d, "n_snr2": kappa, "test_acc_diff": dacc,
+                                                    "se": se, "regime_diff": dreg,
+                                                    "not_ok": div})
+            rows.append([d, kappa, f"{mu:.3g}", f"{b['test_acc'].mean():.4f}", f"{dacc:+.4f}",
+                         f"{se:.4f}", " ".join(f"{v:+.2f}" for v in dreg.values()),
+                         f"{div[0]}/{div[1]}"])
     _print_table(
-        f"precision: reduced engine float32 vs float64 on identical data ({seeds} runs, "
-        f"{steps} steps)",
-        ["d", "n SNR^2", "||mu||", "max |logit gap err|", "relative", "runs w/ first-fit diff",
-         "max train-acc diff"], rows,
-        "logit gap = a_t - max_t a_t (what the softmax sees); data drawn in float64, then cast",
-    )
+        f"precision: reduced engine float32 - float64 ({seeds} seeds, {steps} steps)",
+        ["d", "n SNR^2", "||mu||", "test acc f64", "diff f32-f64", "se", "frac diff b/h/n",
+         "not ok f32/f64"], rows)
 
 
 def section_heatmap(seeds: int, out: dict) -> None:
-    root = Path(__file__).resolve().parent.parent
-    sweep_file = root / "sweeps" / "sakamoto_heatmap.toml"
+    """``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml`` (39 x 39 cells x ``seeds``) in a
+    subprocess with an empty compilation cache: the whole job as a user runs it."""
+    sweep_file = Path(__file__).resolve().parent.parent / "sweeps" / "sakamoto_heatmap.toml"
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(Path(tmp) / "jax-cache"))
-        cmd = [sys.executable, "-m", "phasebo.sweep", str(sweep_file), "--seeds", str(seeds),
-               "--out", str(Path(tmp) / "out"), "--no-plots", "--quiet"]
-        t = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t
+        wall, rc, err = _sweep_proc([str(sweep_file), "--seeds", str(seeds), "--out",
+                                     str(Path(tmp) / "out"), "--no-plots", "--quiet"],
+                                    Path(tmp) / "cache")
         engines = ""
-        if proc.returncode == 0:
+        if rc == 0:
             import pandas as pd
 
             df = pd.read_parquet(Path(tmp) / "out" / "results.parquet", columns=["engine"])
-            engines = ",".join(sorted(df["engine"].unique()))
+            engines = ",".join(sorted(map(str, df["engine"].unique())))
     n_runs = 39 * 39 * seeds
-    out["heatmap"] = {"seeds": seeds, "runs": n_runs, "wall_s": wall, "rc": proc.returncode,
-                      "engine": engines}
-    status = "ok" if proc.returncode == 0 else f"FAILED rc={proc.returncode}: {proc.stderr[-500:]}"
+    out["heatmap"] = {"seeds": seeds, "runs": n_runs, "wall_s": wall, "rc": rc, "engine": engines}
+    status = "ok" if rc == 0 else f"FAILED rc={rc}: {err[-500:]}"
     _print_table(
-        "heatmap: python -m phasebo.sweep sweeps/sakamoto_heatmap.toml (fresh compilation cache)",
+        "heatmap: python -m phasebo.sweep sweeps/sakamoto_heatmap.toml (empty compilation cache)",
         ["seeds", "runs", "engine", "wall s", "runs/s", "status"],
         [[seeds, n_runs, engines, f"{wall:.1f}", f"{n_runs / wall:.0f}", status]],
     )
+
+
+def section_gpu(q: bool, out: dict) -> None:
+    """For an accelerator: block sizes by measurement, then the p-only heatmap at 100 seeds, the
+    trained-W heatmap at 10 seeds and S2 with dynamics at 10,000 seeds, each as a sweep; prints
+    runs/s, the block and chunk sizes the planner chose and the peak device memory."""
+    import jax
+
+    from . import sweep as S
+    from .config import load_sweep
+
+    dev = jax.local_devices()[0]
+    if dev.platform == "cpu" and not q:
+        print("\n## gpu: no accelerator here (the CPU figures are the other sections); run "
+              "`python -m phasebo.bench --sections gpu` on a GPU or TPU machine")
+        out["gpu"] = "no accelerator"
+        return
+    blocks = [64, 256, 1024, 4096] if not q else [16, 64]
+    rates = [batched_rate("reduced", 2000, max(blocks) * 4 if not q else 128, 1000 if not q
+                          else 50, block=b) for b in blocks]
+    best = blocks[int(np.argmax(rates))]
+    print("\n## gpu: reduced-engine runs/s by block: "
+          + ", ".join(f"{b}: {r:.0f}" for b, r in zip(blocks, rates)) + f" -> block {best}")
+    root = Path(__file__).resolve().parent.parent / "sweeps"
+    rows = []
+    jobs = (("sakamoto_heatmap.toml", 100 if not q else 1, {}),
+            ("sakamoto_heatmap_official.toml", 10 if not q else 1, {}),
+            ("sakamoto_fig3.toml", 10_000 if not q else 4, {}))
+    for name, seeds, _ in jobs:
+        spec = load_sweep(root / name, seeds=seeds)
+        pl = S.plan(spec, block_size=best if name == "sakamoto_heatmap.toml" else None)
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.perf_counter()
+            S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False,
+                        block_size=best if name == "sakamoto_heatmap.toml" else None)
+            wall = time.perf_counter() - t
+        stats = dev.memory_stats() or {}
+        peak = stats.get("peak_bytes_in_use", float("nan"))
+        g = pl.groups[0]
+        out.setdefault("gpu", []).append({"sweep": name, "runs": spec.n_runs, "wall_s": wall,
+                                          "block": g.block, "chunk": g.width, "peak_bytes": peak})
+        rows.append([name, spec.n_runs, f"{wall:.1f}", f"{spec.n_runs / wall:.0f}", g.block,
+                     g.width, f"{peak / 2**30:.2f}"])
+    _print_table(f"gpu: sweeps on {dev.device_kind}", ["sweep", "runs", "wall s", "runs/s",
+                                                       "block", "chunk", "peak GiB"], rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,13 +483,18 @@ def section_heatmap(seeds: int, out: dict) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme", "heatmap",
+            "precision", "gpu")
+DEFAULT_SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m phasebo.bench",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
-    p.add_argument("--sections", default="loop,engines,blocks",
-                   help="comma list of loop, engines, blocks, precision, heatmap "
-                        "(default: loop,engines,blocks)")
+    p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
+                   help=f"comma list of {', '.join(SECTIONS)}, or all (default: "
+                        f"{','.join(DEFAULT_SECTIONS)})")
     p.add_argument("--precision", action="store_true", help="add the float32/float64 section")
     p.add_argument("--heatmap", action="store_true",
                    help="add the timing of the full sweeps/sakamoto_heatmap.toml")
@@ -415,31 +528,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.heatmap and "heatmap" not in sections:
         sections.append("heatmap")
-    known = {"loop", "engines", "blocks", "precision", "heatmap"}
-    bad = [s for s in sections if s not in known]
+    if sections == ["all"]:
+        sections = list(SECTIONS)
+    bad = [x for x in sections if x not in SECTIONS]
     if bad:
-        print(f"phasebo.bench: error: unknown section {bad[0]!r}; known: {', '.join(sorted(known))}",
-              file=sys.stderr)
+        print(f"phasebo.bench: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
+              "all", file=sys.stderr)
         return 2
     devs = jax.local_devices()
     print(f"phasebo.bench: {len(devs)} {devs[0].platform} device(s), {os.cpu_count()} cores, "
           f"jax {jax.__version__}{', quick' if args.quick else ''}")
     out: dict = {"devices": len(devs), "platform": devs[0].platform, "quick": args.quick}
     t0 = time.perf_counter()
-    repeat = args.repeat
-    # precision turns on float64: run it after the float32 timings
-    order = [s for s in ("loop", "engines", "blocks", "heatmap", "precision") if s in sections]
-    for s in order:
-        if s == "loop":
-            section_loop(args.quick, repeat, out, args.steps)
-        elif s == "engines":
-            section_engines(args.quick, repeat, out, args.steps)
-        elif s == "blocks":
-            section_blocks(args.quick, repeat, out, args.steps)
-        elif s == "heatmap":
-            section_heatmap(args.heatmap_seeds if not args.quick else 1, out)
-        elif s == "precision":
-            section_precision(args.quick, out, args.steps)
+    q, repeat = args.quick, args.repeat
+    run = {
+        "loop": lambda: section_loop(q, repeat, out, args.steps),
+        "engines": lambda: section_engines(q, repeat, out, args.steps),
+        "wp": lambda: section_wp(q, repeat, out, args.steps),
+        "blocks": lambda: section_blocks(q, repeat, out, args.steps),
+        "dynamics": lambda: section_dynamics(q, repeat, out, args.steps),
+        "traces": lambda: section_traces(q, out),
+        "readme": lambda: section_readme(q, out),
+        "heatmap": lambda: section_heatmap(args.heatmap_seeds if not q else 1, out),
+        "precision": lambda: section_precision(q, out, args.steps),
+        "gpu": lambda: section_gpu(q, out),
+    }
+    # precision turns on float64 for the process: it runs after every float32 timing
+    for name in [x for x in SECTIONS if x in sections]:
+        if name == "precision":
+            jax.config.update("jax_enable_x64", True)
+        run[name]()
     out["total_s"] = time.perf_counter() - t0
     print(f"\nphasebo.bench: done in {out['total_s']:.0f} s")
     if args.json:
