@@ -16,7 +16,9 @@ are left out of the fit and counted in ``n_other``. A slice whose runs are all `
 sampled ``x`` range is ``"outside_range"`` (an extrapolation is not a measurement); a slice whose
 ``A`` and ``B`` runs do not overlap in ``x`` is ``"separated"``: its interval is then at least the
 gap between the last all-``A`` and the first all-``B`` value, since the data cannot place the
-boundary inside it.
+boundary inside it. Likewise a slice whose fitted transition is narrower than the gap between
+the sampled ``x`` values on either side of its estimate is ``"unresolved"``, and its interval holds
+that gap.
 
 **Scaling law.** :func:`fit_power_law` fits ``boundary = prefactor · x^exponent`` by weighted least
 squares on log axes, each boundary weighted by its CI (standard deviation ``log(hi/lo) / 2z``); the
@@ -51,7 +53,7 @@ THEORY_EXPONENTS = {
     ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n)"),
     ("rho", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n) at fixed d"),
 }
-STATUSES = ("ok", "separated", "outside_range", "all_A", "all_B", "too_few")
+STATUSES = ("ok", "unresolved", "separated", "outside_range", "all_A", "all_B", "too_few")
 Z95 = NormalDist().inv_cdf(0.975)
 RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
@@ -146,6 +148,15 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     if not (t.min() <= est <= t.max()):
         out["status"] = "outside_range"
         return out
+    # unresolved: the fitted transition (logit -2.2 .. 2.2) is narrower than the gap between the
+    # sampled x values on either side of the estimate, so the grid cannot place the boundary
+    # inside that gap (a steep fit through one mixed point is not a precise boundary)
+    ts = np.unique(t)
+    below, above = ts[ts < est], ts[ts > est]
+    if status == "ok" and len(below) and len(above) and \
+            2 * math.log(9) * s / max(abs(float(c[0])), 1e-300) < above[0] - below[-1]:
+        status = "unresolved"
+        lo, hi = min(lo, below[-1]), max(hi, above[0])
     out.update(boundary=float(back(est)), lo=float(back(lo)), hi=float(back(hi)),
                slope=float(c[0] / s), status=status,
                pseudo_r2=float(1 - ll[0] / ll0[0]) if ll0[0] < 0 else np.nan)
@@ -163,9 +174,10 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     ``x`` where P(B) = ½), ``lo``/``hi`` (its ``level`` bootstrap-over-seeds interval), ``n_runs``
     (runs of ``A`` or ``B``), ``n_a``, ``n_b``, ``n_other``, ``n_seeds``, ``n_x`` (distinct ``x``
     values), ``slope`` (d logit / d log x), ``pseudo_r2`` (McFadden), ``status`` (one of
-    ``ok``, ``separated``, ``outside_range``, ``all_A``, ``all_B``, ``too_few``), ``x`` and
+    ``ok``, ``unresolved``, ``separated``, ``outside_range``, ``all_A``, ``all_B``, ``too_few``), ``x`` and
     ``between``. A setting other than ``x``, ``y``, ``by`` and the seed that varies inside a slice
-    is an error (the fit would pool it) unless it is named in ``over``.
+    is an error (the fit would pool it) unless it is named in ``over`` or ``x`` determines it one
+    to one (``d`` along ``x = "snr"`` at a fixed signal norm).
     """
     if len(between) != 2 or between[0] == between[1]:
         raise ValueError(f"between = {tuple(between)!r}: give two different regime names, e.g. "
@@ -178,8 +190,14 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
         df = df[df["status"].astype(str) == "ok"]
     keys = [y, *by]
     fixed = {x, *keys, *over, "seed", "root_seed"}
+    def tied_to_x(c):  # a setting that x determines one to one (d when x is the snr)
+        return all(g.groupby(x)[c].nunique(dropna=False).max() == 1 and
+                   g.groupby(c)[x].nunique(dropna=False).max() == 1
+                   for _, g in df.groupby(keys, observed=True))
+
     varying = [c for c in setting_columns(df) if c not in fixed
-               and df.groupby(keys, observed=True)[c].nunique(dropna=False).max() > 1]
+               and df.groupby(keys, observed=True)[c].nunique(dropna=False).max() > 1
+               and not tied_to_x(c)]
     if varying:
         raise ValueError(f"{', '.join(varying)} vary inside the slices of {', '.join(keys)}: a "
                          "boundary fit would pool them; fix: add them to by=[...], select one "
@@ -215,7 +233,7 @@ def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float 
     """
     ok = b[np.isfinite(b[y].to_numpy(float))]
     if "status" in ok.columns:
-        ok = ok[ok["status"].astype(str).isin(("ok", "separated"))]
+        ok = ok[ok["status"].astype(str).isin(("ok", "unresolved", "separated"))]
     X = np.log(ok[x].to_numpy(float))
     Y = np.log(ok[y].to_numpy(float))
     z = NormalDist().inv_cdf(0.5 + level / 2)

@@ -6,8 +6,10 @@ each slice whose boundary interval is wider than ``target`` (relative: ``(hi - l
 
 - adds the midpoints (geometric on a log axis) of the neighbouring ``x`` values that bracket the
   interval — bisection between disagreeing neighbours, at most ``max_points`` per slice, and
-- where the bracket is already finer than the target, adds ``seeds`` more seeds at the bracketing
-  points instead (a new ``root_seed``, so they are fresh independent runs).
+- where the bracket is already finer than the target, adds seeds at the two bracketing points
+  instead, as many as the interval needs to reach the target (its width falls as one over the
+  square root of the runs), at most four times those already there; each batch of seeds has its
+  own ``root_seed``, so they are fresh independent runs.
 
 A round is an ordinary sweep in ``<out>/round-<r>/`` (resumable, same schema); its plan depends only
 on the results of the rounds before it, so a killed refinement resumes where it stopped by running
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -108,14 +111,14 @@ def _mid(a: float, b: float, log: bool, integer: bool):
 
 
 def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
-               integer_x: bool) -> tuple[list[dict], pd.DataFrame]:
+               integer_x: bool, seeds: int) -> tuple[list[dict], pd.DataFrame]:
     """The cases of round ``rnd`` (new ``(x, y)`` points, or more seeds at existing ones) from the
     runs so far, and the boundaries they were planned from."""
     b = boundaries(df, r.x, r.y, r.between)
     log = bool((df[r.x] > 0).all())
     cases: list[dict] = []
     for _, row in b.iterrows():
-        if str(row["status"]) not in ("ok", "separated"):
+        if str(row["status"]) not in ("ok", "unresolved", "separated"):
             continue
         width = (row["hi"] - row["lo"]) / row["boundary"]
         if not width > r.target:
@@ -132,10 +135,15 @@ def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
         y = row[r.y].item() if hasattr(row[r.y], "item") else row[r.y]
         if mids:
             cases += [{r.x: m, r.y: y} for m in sorted(mids)]
-        else:  # the grid is fine enough here: more seeds at the bracketing points
-            for v in {xs[i0], xs[i1]}:
+        else:  # the grid is fine enough here: more seeds at the bracketing points, as many as
+            # the interval needs (its width falls as 1 / sqrt(runs)), at most 4x the slice's
+            have = int(((df[r.y] == row[r.y]) & df[r.x].isin(xs[i0:i1 + 1])).sum())
+            want = min(have * ((width / r.target) ** 2 - 1), 4 * max(have, 1))
+            per_point = max(1, math.ceil(want / (2 * seeds)))
+            for v in sorted({xs[i0], xs[i1]}):
                 v = int(v) if integer_x else float(v)
-                cases.append({r.x: v, r.y: y, "root_seed": base_root_seed + rnd})
+                cases += [{r.x: v, r.y: y, "root_seed": base_root_seed + 100 * rnd + j}
+                          for j in range(per_point)]
     return cases, b
 
 
@@ -168,7 +176,8 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
             return None, None
         tables.append(df.assign(round=rnd))
         runs = pd.concat(tables, ignore_index=True)
-        cases, b = plan_round(runs, r, root + 1000, rnd + 1, integer_x)
+        cases, b = plan_round(runs, r, root + 1000, rnd + 1, integer_x,
+                              int(r.seeds or spec.seeds))
         widths = ((b["hi"] - b["lo"]) / b["boundary"]).to_numpy(float) if len(b) else np.array([])
         widths = widths[np.isfinite(widths)]
         log.append({"round": rnd, "runs": len(df), "total_runs": len(runs),

@@ -299,20 +299,24 @@ def load_backbone(static, quiet: bool = False) -> ViT:
     path = backbone_path(cfg)
     if str(path) in PRETRAINED:
         return PRETRAINED[str(path)]
-    like = init_vit(jr.PRNGKey(0), cfg["width"], cfg["depth"], cfg["heads"])
-    weights = path.with_suffix(".eqx")
-    if weights.exists():
-        model = eqx.tree_deserialise_leaves(weights, like)
-    else:
-        model, record = pretrain(cfg, quiet=quiet)
-        weights.parent.mkdir(parents=True, exist_ok=True)
-        tmp = weights.with_name(f".{weights.name}.tmp-{os.getpid()}")
-        eqx.tree_serialise_leaves(tmp, model)
-        os.replace(tmp, weights)
-        path.with_suffix(".json").write_text(json.dumps(record, indent=1))
-        if not quiet:
-            print(f"vit_digits: pretrained backbone, clean test accuracy {record['test_acc']:.4f}"
-                  f" ({record['seconds']:.1f} s) -> {weights}", file=sys.stderr)
+    # a run's init calls this while it is being traced: load (or train) eagerly, outside it
+    with jax.ensure_compile_time_eval():
+        like = init_vit(jr.PRNGKey(0), cfg["width"], cfg["depth"], cfg["heads"])
+        weights = path.with_suffix(".eqx")
+        if weights.exists():
+            model = eqx.tree_deserialise_leaves(weights, like)
+        else:
+            model, record = pretrain(cfg, quiet=quiet)
+            weights.parent.mkdir(parents=True, exist_ok=True)
+            tmp = weights.with_name(f".{weights.name}.tmp-{os.getpid()}")
+            eqx.tree_serialise_leaves(tmp, model)
+            os.replace(tmp, weights)
+            path.with_suffix(".json").write_text(json.dumps(record, indent=1))
+            if not quiet:
+                print(f"vit_digits: pretrained backbone, clean test accuracy "
+                      f"{record['test_acc']:.4f} ({record['seconds']:.1f} s) -> {weights}",
+                      file=sys.stderr)
+        model = jax.tree.map(lambda a: np.asarray(a) if eqx.is_array(a) else a, model)
     PRETRAINED[str(path)] = model
     return model
 
@@ -407,11 +411,10 @@ class ViTDigitsModel(Model):
         classes = tuple(static.classes)
         x, y = split("test" if test else "pool", classes)
         m = static.n_test if test else static.n
-        if m < len(y) or not test:
-            idx = jr.permutation(key, len(y))[:m]
-            x, y = jnp.asarray(x)[idx], jnp.asarray(y)[idx]
-        else:
-            x, y = jnp.asarray(x), jnp.asarray(y)
+        # drawn through the key even for the whole test split, so the test set is not a compile
+        # time constant (XLA would constant-fold the fixed backbone through it)
+        idx = jr.permutation(key, len(y))[:m]
+        x, y = jnp.asarray(x)[idx], jnp.asarray(y)[idx]
         x = x.astype(dtype_of(static))
         zeros = jnp.zeros((m, N_TOKENS, 2), x.dtype)
         if test:
@@ -426,7 +429,10 @@ class ViTDigitsModel(Model):
             idx = np.asarray(static.classes)
             vit = eqx.tree_at(lambda v: (v.W_head, v.b_head), vit,
                               (vit.W_head[:, idx], vit.b_head[idx]))
-        return jax.tree.map(lambda a: a.astype(dtype_of(static)) if eqx.is_array(a) else a, vit)
+        # NumPy leaves: constants of the compiled program (jax.Array constants captured by a
+        # trace are hoisted into arguments, which the sweep's ahead-of-time compile does not pass)
+        dt = np.float64 if static.dtype == "float64" else np.float32
+        return jax.tree.map(lambda a: np.asarray(a, dt) if eqx.is_array(a) else a, vit)
 
     def init(self, static, sw, key, batch):
         vit = self._backbone(static)
