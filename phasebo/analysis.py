@@ -172,6 +172,21 @@ def cell_axes(df: pd.DataFrame) -> list[str]:
     return [c for c in setting_columns(df) if df[c].nunique(dropna=False) > 1]
 
 
+def tied(df: pd.DataFrame, col: str, to: str | None) -> bool:
+    """Whether ``col`` and ``to`` determine each other across ``df`` (``d`` and the derived
+    ``snr`` at a fixed signal norm): an axis of ``to`` is then an axis of ``col`` too."""
+    if to is None or to not in df.columns or col == to:
+        return False
+    return bool(df.groupby(to, observed=True)[col].nunique(dropna=False).max() == 1 and
+                df.groupby(col, observed=True)[to].nunique(dropna=False).max() == 1)
+
+
+def other_axes(df: pd.DataFrame, *axes: str | None) -> list[str]:
+    """The cell axes of ``df`` besides ``axes`` and the settings tied to one of them."""
+    return [a for a in cell_axes(df) if a not in axes
+            and not any(tied(df, a, ax) for ax in axes)]
+
+
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Numeric columns of a results table that are measurements (not settings)."""
     skip = setting_names() | set(RUN_COLUMNS) | set(DERIVED)
@@ -329,7 +344,7 @@ def pivot(df: pd.DataFrame, x: str, y: str, value: str,
     if where:
         df = select(df, where)
     if not is_aggregate(df):
-        others = [a for a in cell_axes(df) if a not in (x, y)]
+        others = other_axes(df, x, y)
         if others:
             raise ValueError(f"pivot: {others[0]} varies besides {x} and {y}; fix: "
                              f"where={{{others[0]!r}: value}} to pick one slice")

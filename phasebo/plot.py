@@ -117,7 +117,7 @@ def _cells(df: pd.DataFrame, where, x=None, y=None) -> pd.DataFrame:
     df = A.select(df, where)
     if A.is_aggregate(df):
         return df
-    others = [a for a in A.cell_axes(df) if a not in (x, y)]
+    others = A.other_axes(df, x, y)
     if others:
         raise ValueError(f"{others[0]} varies besides {x} and {y}; fix: where={{{others[0]!r}: "
                          "value}} to draw one slice")

@@ -4,12 +4,14 @@ Round 0 runs the sweep file's grid (a coarse one). Each later round estimates th
 between ``A`` and ``B`` along ``x`` for every value of ``y`` (:func:`phasebo.boundaries`) and, for
 each slice whose boundary interval is wider than ``target`` (relative: ``(hi - lo) / boundary``),
 
-- adds the midpoints (geometric on a log axis) of the neighbouring ``x`` values that bracket the
-  interval — bisection between disagreeing neighbours, at most ``max_points`` per slice, and
-- where the bracket is already finer than the target, adds seeds at the two bracketing points
-  instead, as many as the interval needs to reach the target (its width falls as one over the
-  square root of the runs), at most four times those already there; each batch of seeds has its
-  own ``root_seed``, so they are fresh independent runs.
+- while the grid does not resolve the transition there (status ``separated`` or ``unresolved``:
+  the regime changes between two neighbouring ``x`` values), adds the midpoints (geometric on a
+  log axis) of the gaps inside the interval — bisection between disagreeing neighbours, at most
+  ``max_points`` per slice;
+- once it does, adds seeds at the sampled points around the boundary instead, as many as the
+  interval needs to reach the target (its width falls as one over the square root of the runs),
+  at most four times those already there; each batch of seeds has its own ``root_seed``, so they
+  are fresh independent runs.
 
 A round is an ordinary sweep in ``<out>/round-<r>/`` (resumable, same schema); its plan depends only
 on the results of the rounds before it, so a killed refinement resumes where it stopped by running
@@ -127,20 +129,21 @@ def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
         # the neighbouring x values that bracket the interval [lo, hi]
         i0 = max(int(np.searchsorted(xs, row["lo"], side="right")) - 1, 0)
         i1 = min(int(np.searchsorted(xs, row["hi"], side="left")), len(xs) - 1)
-        gaps = [(xs[i], xs[i + 1]) for i in range(i0, i1)]
-        # bisect the widest gaps (relative to the boundary) that are wider than the target
-        gaps = [g for g in gaps if (g[1] - g[0]) / row["boundary"] > r.target / 2]
-        gaps.sort(key=lambda g: -(np.log(g[1] / g[0]) if log else g[1] - g[0]))
-        mids = {_mid(a, c, log, integer_x) for a, c in gaps[: r.max_points]} - set(xs.tolist())
         y = row[r.y].item() if hasattr(row[r.y], "item") else row[r.y]
+        mids = set()
+        if str(row["status"]) != "ok":  # the grid does not resolve the transition: bisect
+            gaps = [(xs[i], xs[i + 1]) for i in range(i0, i1)]
+            gaps.sort(key=lambda g: -(np.log(g[1] / g[0]) if log else g[1] - g[0]))
+            mids = {_mid(a, c, log, integer_x) for a, c in gaps[: r.max_points]} - set(xs.tolist())
         if mids:
             cases += [{r.x: m, r.y: y} for m in sorted(mids)]
-        else:  # the grid is fine enough here: more seeds at the bracketing points, as many as
-            # the interval needs (its width falls as 1 / sqrt(runs)), at most 4x the slice's
-            have = int(((df[r.y] == row[r.y]) & df[r.x].isin(xs[i0:i1 + 1])).sum())
+        else:  # resolved (or as fine as it gets): more seeds at the points around the boundary,
+            # as many as the interval needs (its width falls as 1 / sqrt(runs)), at most 4x
+            pts = xs[i0:i1 + 1]
+            have = int(((df[r.y] == row[r.y]) & df[r.x].isin(pts)).sum())
             want = min(have * ((width / r.target) ** 2 - 1), 4 * max(have, 1))
-            per_point = max(1, math.ceil(want / (2 * seeds)))
-            for v in sorted({xs[i0], xs[i1]}):
+            per_point = max(1, math.ceil(want / (len(pts) * seeds)))
+            for v in pts:
                 v = int(v) if integer_x else float(v)
                 cases += [{r.x: v, r.y: y, "root_seed": base_root_seed + 100 * rnd + j}
                           for j in range(per_point)]
