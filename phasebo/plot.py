@@ -170,6 +170,11 @@ def _setup_axes(ax, x, y, logx, logy, xe, ye, xs=None, ys=None):
     if xs is not None:
         _grid_ticks(ax.xaxis, xs, logx)
         _grid_ticks(ax.yaxis, ys, logy)
+    else:  # a refined grid: no common x values to tick, plain numbers on a log axis
+        if logx:
+            _plain_log(ax.xaxis)
+        if ys is not None:
+            _grid_ticks(ax.yaxis, ys, logy)
     ax.set_xlim(xe[0], xe[-1])
     ax.set_ylim(ye[0], ye[-1])
 
@@ -223,16 +228,20 @@ def _row_meshes(ax, g: pd.DataFrame, xs, ys, logx, logy, draw):
     ye = _edges(ys, logy)
     if full:
         return [draw(_edges(xs, logx), ye, g.to_numpy())], _edges(xs, logx), ye
-    meshes, lo, hi = [], np.inf, -np.inf
+    rows, lo, hi = [], np.inf, -np.inf
     for i in range(len(ys)):
         row = g.iloc[i]
         have = row.notna().to_numpy()
         if not have.any():
             continue
-        xr = xs[have]
-        xe = _edges(xr, logx)
+        xe = _edges(xs[have], logx)
         lo, hi = min(lo, xe[0]), max(hi, xe[-1])
-        meshes.append(draw(xe, ye[i:i + 2], row.to_numpy()[have][None, :]))
+        rows.append((i, xe, row.to_numpy()[have][None, :]))
+    meshes = []
+    for i, xe, z in rows:  # every row spans the same x range: no blank ends
+        xe = xe.copy()
+        xe[0], xe[-1] = lo, hi
+        meshes.append(draw(xe, ye[i:i + 2], z))
     return meshes, np.array([lo, hi]), ye
 
 

@@ -8,9 +8,9 @@ each slice whose boundary interval is wider than ``target`` (relative: ``(hi - l
   the regime changes between two neighbouring ``x`` values), adds the midpoints (geometric on a
   log axis) of the gaps inside the interval — bisection between disagreeing neighbours, at most
   ``max_points`` per slice;
-- once it does, adds seeds at the sampled points around the boundary instead, as many as the
-  interval needs to reach the target (its width falls as one over the square root of the runs),
-  at most four times those already there; each batch of seeds has its own ``root_seed``, so they
+- once it does, adds seeds at the two sampled points either side of the boundary instead, as
+  many as the interval needs to reach the target (its width falls as one over the square root of
+  the runs), at most twice those already there; each batch of seeds has its own ``root_seed``, so they
   are fresh independent runs.
 
 A round is an ordinary sweep in ``<out>/round-<r>/`` (resumable, same schema); its plan depends only
@@ -137,11 +137,13 @@ def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
             mids = {_mid(a, c, log, integer_x) for a, c in gaps[: r.max_points]} - set(xs.tolist())
         if mids:
             cases += [{r.x: m, r.y: y} for m in sorted(mids)]
-        else:  # resolved (or as fine as it gets): more seeds at the points around the boundary,
-            # as many as the interval needs (its width falls as 1 / sqrt(runs)), at most 4x
-            pts = xs[i0:i1 + 1]
+        else:  # resolved (or as fine as it gets): more seeds at the two sampled points either
+            # side of the boundary (they place it), as many as the interval needs (its width
+            # falls as 1 / sqrt(runs)), at most twice those already there
+            below, above = xs[xs <= row["boundary"]], xs[xs > row["boundary"]]
+            pts = np.array([v for v in (below[-1:], above[:1]) for v in v])
             have = int(((df[r.y] == row[r.y]) & df[r.x].isin(pts)).sum())
-            want = min(have * ((width / r.target) ** 2 - 1), 4 * max(have, 1))
+            want = min(have * ((width / r.target) ** 2 - 1), 2 * max(have, 1))
             per_point = max(1, math.ceil(want / (len(pts) * seeds)))
             for v in pts:
                 v = int(v) if integer_x else float(v)

@@ -40,6 +40,8 @@ def test_harmful_setting(tmp_path):
     assert (df["regime"] == "harmful").mean() >= 0.9
 
 
+@pytest.mark.slow  # W and p at d = 1000 on the paper's grid point: ~45 s; the engine is
+# checked against direct in float64 in the default suite (test_engines)
 @pytest.mark.optimized
 def test_not_overfitting_setting_with_W_and_p(tmp_path):
     df = sweep(tmp_path, "notover", d=1000, signal_norm=100.0, train=["p", "W"])
