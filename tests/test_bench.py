@@ -8,7 +8,8 @@ from phasebo import bench
 
 
 def test_numpy_reference_is_the_same_model():
-    # the benign setting of SPEC S2 (d 2000, ||mu|| 20): fits every label by step 400, generalises
+    # the benign setting of Sakamoto & Sato's three-regime figures (d 2000, ||mu|| 20): fits
+    # every label by step 400, generalises
     train_acc, test_acc = bench.numpy_run(d=2000, steps=400, seed=1)
     assert train_acc == 1.0 and test_acc >= 0.95
 
@@ -28,3 +29,12 @@ def test_bench_quick_loop_section_runs_and_reports(tmp_path, capsys):
 def test_bench_rejects_an_unknown_section(capsys):
     assert bench.main(["--sections", "nope"]) == 2
     assert "unknown section" in capsys.readouterr().err
+
+
+def test_bench_dynamics_section_reports_the_ratios(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--quick", "--sections", "dynamics", "--steps", "5", "--repeat", "1",
+                       "--json", str(out)]) == 0
+    assert "every10/none" in capsys.readouterr().out
+    rec = json.loads(out.read_text())["dynamics"][0]
+    assert all(np.isfinite(rec[k]) and rec[k] > 0 for k in ("none", "every 10", "log 20"))
