@@ -31,6 +31,30 @@ sweep.enable_compilation_cache = lambda jax: None
 
 
 @contextlib.contextmanager
+def enabled_x64():
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", old)
+
+
+@pytest.fixture
+def x64():
+    """64-bit JAX for one test (float64 runs)."""
+    with enabled_x64():
+        yield
+
+
+@pytest.fixture(scope="module")
+def x64_module():
+    """64-bit JAX for a whole module (request it from an autouse module fixture)."""
+    with enabled_x64():
+        yield
+
+
+@contextlib.contextmanager
 def xla_optimised():
     """Compile with XLA's optimisations, for the few tests whose time is spent running large
     programs rather than compiling small ones."""

@@ -229,14 +229,6 @@ def _walk(model_name, kinds):
     return checked
 
 
-@pytest.fixture
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", old)
-
-
 # the generic run is shared: two models in the default suite, every model with -m slow
 @pytest.mark.parametrize("model", [m if m in ("prompt_attention", "single_head") else
                                    pytest.param(m, marks=pytest.mark.slow) for m in BASE])

@@ -31,14 +31,6 @@ from phasebo.settings import ConfigError
 from phasebo.sweep import prepare_one, run_one, run_sweep
 
 
-@pytest.fixture
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", old)
-
-
 def _compare_outputs(a, b, rtol, atol):
     assert set(a.final) == set(b.final)
     assert set(a.dynamics) == set(b.dynamics)

@@ -6,7 +6,6 @@ loss ``L = mean softplus(-y f)`` so ``dL/df_i = -y_i sigmoid(-y_i f_i) / n``;
 ``dL/dq = sum_i dL/df_i X_i^T (s_i * (h_i - f_i))``, ``dL/dp = W^T dL/dq``, ``dL/dW = dL/dq p^T``.
 """
 
-import jax
 import jax.random as jr
 import numpy as np
 import pytest
@@ -17,11 +16,8 @@ from phasebo.models.prompt_attention import uniform_W
 
 
 @pytest.fixture(autouse=True, scope="module")
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
+def _x64(x64_module):  # every run here is float64
     yield
-    jax.config.update("jax_enable_x64", old)
 
 
 def numpy_gd(X, y, nu, W, lr, steps, train_W):

@@ -10,7 +10,6 @@ for values that are zero).
 import json
 from pathlib import Path
 
-import jax
 import jax.random as jr
 import numpy as np
 import pytest
@@ -33,11 +32,8 @@ def stored():
 
 
 @pytest.fixture(autouse=True, scope="module")
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
+def _x64(x64_module):  # every run here is float64
     yield
-    jax.config.update("jax_enable_x64", old)
 
 
 # By default a case per model and engine in float64 with its first key (the strictest check,
