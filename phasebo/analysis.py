@@ -251,7 +251,8 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
     out = grouped.size().rename("n_runs").to_frame()
     seed_cols = [c for c in ("seed", "root_seed") if c in work.columns]
     if seed_cols:
-        out["n_seeds"] = grouped[seed_cols].apply(lambda g: len(g.drop_duplicates()))
+        out["n_seeds"] = (work.drop_duplicates([*keys, *seed_cols])
+                          .groupby(keys, sort=True, dropna=False, observed=True).size())
     else:
         out["n_seeds"] = out["n_runs"]
     out["n_ok"] = grouped["_ok"].sum().astype(np.int64)
