@@ -6,13 +6,16 @@
     >>> cells = phasebo.aggregate(df)                                  # doctest: +SKIP
 
 The public API: sweeps (:func:`load_sweep`, :func:`spec_from_dict`, :func:`run_sweep`,
-:func:`run_one`), tables (:func:`load`, :func:`aggregate`, :func:`pivot`, :func:`export`), phase boundaries
-(:func:`boundaries`, :func:`fit_power_law`), and the
+:func:`run_one`), tables (:func:`load`, :func:`aggregate`, :func:`pivot`, :func:`at_step`,
+:func:`export`), regimes at a step (:func:`classify_regime`, :func:`regimes_over_time`,
+:func:`timeline`), phase boundaries (:func:`boundaries`, :func:`crossings`,
+:func:`fit_power_law`, :func:`exponents_over_steps`), and the
 tables of models and engines (:data:`MODELS`, :data:`ENGINES`).
 """
 
 from . import theory as theory
 from .analysis import aggregate as aggregate
+from .analysis import at_step as at_step
 from .analysis import cell_axes as cell_axes
 from .analysis import export as export
 from .analysis import load as load
@@ -22,11 +25,16 @@ from .analysis import pivot as pivot
 from .analysis import select as select
 from .analysis import wilson as wilson
 from .boundaries import boundaries as boundaries
+from .boundaries import crossings as crossings
+from .boundaries import exponents_over_steps as exponents_over_steps
 from .boundaries import fit_power_law as fit_power_law
 from .config import SweepSpec as SweepSpec
 from .config import load_sweep as load_sweep
 from .config import spec_from_dict as spec_from_dict
 from .models.base import Model as Model
+from .regimes import classify_regime as classify_regime
+from .regimes import regimes_over_time as regimes_over_time
+from .regimes import timeline as timeline
 from .registry import ENGINES as ENGINES
 from .registry import MODELS as MODELS
 from .results import load_results as load_results

@@ -49,6 +49,7 @@ PathLike = str | Path
 CELL_REGIMES = (*REGIMES, "mixed", "failed")
 
 RUN_COLUMNS = ("run_id", "seed", "root_seed", "source", "engine_setting", "sweep")
+STEP = "step"  # the time axis of a dynamics table: a cell key, never a metric
 DERIVED = ("snr", "n_snr2")
 LABEL_COLUMNS = ("status", "regime")
 Z95 = 1.959963984540054
@@ -189,7 +190,7 @@ def other_axes(df: pd.DataFrame, *axes: str | None) -> list[str]:
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Numeric columns of a results table that are measurements (not settings)."""
-    skip = setting_names() | set(RUN_COLUMNS) | set(DERIVED)
+    skip = setting_names() | set(RUN_COLUMNS) | set(DERIVED) | {STEP}
     return [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
             and not pd.api.types.is_bool_dtype(df[c])]
 
@@ -214,20 +215,50 @@ def wilson(k, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
     return mid - half, mid + half
 
 
+def at_step(df: pd.DataFrame, step) -> pd.DataFrame:
+    """The rows of a dynamics table (one row per run and recorded step) at ``step``: an int, a
+    list of them, or ``"last"`` (each run's last recorded step, its horizon). A step that no run
+    recorded is an error that lists the recorded ones."""
+    if STEP not in df.columns:
+        raise ValueError("at_step: the table has no step column (load the dynamics: "
+                         "pb.load(path, 'dynamics'))")
+    if isinstance(step, str):
+        if step != "last":
+            raise ValueError(f"step = {step!r}: give a recorded step, a list of them or 'last'")
+        keys = ["run_id"] if "run_id" in df.columns else (setting_columns(df) or
+                                                             [c for c in df.columns if c != STEP][:1])
+        last = df.groupby(keys, sort=False, dropna=False, observed=True)[STEP].transform("max")
+        return df[df[STEP] == last]
+    want = np.atleast_1d(np.asarray(step, np.int64))
+    have = np.unique(df[STEP].to_numpy(np.int64))
+    bad = [int(s) for s in want if s not in have]
+    if bad:
+        shown = ", ".join(map(str, have[:40])) + (" ..." if len(have) > 40 else "")
+        raise ValueError(f"step = {bad[0]} was not recorded; fix: one of the recorded steps "
+                         f"{shown}")
+    return df[np.isin(df[STEP].to_numpy(np.int64), want)]
+
+
 def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
-              metrics: Sequence[str] | None = None, over: Sequence[str] | None = None
-              ) -> pd.DataFrame:
+              metrics: Sequence[str] | None = None, over: Sequence[str] | None = None,
+              step=None) -> pd.DataFrame:
     """Pool the seeds of each cell: one row per combination of ``by`` (see the module docstring).
 
     ``by``: the cell axes (default: every setting that varies); ``over``: settings pooled on
     purpose (default none; a setting that varies inside a cell and is not named here is an
     error); ``metrics``: the metrics to summarise (default every numeric measurement column).
+    On a dynamics table (a ``step`` column) the recorded step is always a cell key: every
+    recorded step by default, or ``step`` (an int, a list, ``"last"``; :func:`at_step`).
     """
     if len(df) == 0:
         raise ValueError("aggregate: the table is empty")
+    if step is not None:
+        df = at_step(df, step)
     over = list(over or [])
     varying = cell_axes(df)
     by = [c for c in (varying if by is None else by) if c not in over]
+    if STEP in df.columns and STEP not in by:
+        by = [*by, STEP]
     metric_list = list(metric_columns(df) if metrics is None else metrics)
     missing = [c for c in [*by, *over, *metric_list] if c not in df.columns]
     if missing:
@@ -334,16 +365,25 @@ def select(df: pd.DataFrame, where: Mapping[str, object] | None = None) -> pd.Da
 
 
 def pivot(df: pd.DataFrame, x: str, y: str, value: str,
-          where: Mapping[str, object] | None = None) -> pd.DataFrame:
+          where: Mapping[str, object] | None = None, step=None) -> pd.DataFrame:
     """A ``(y, x)`` grid of ``value``: rows = increasing ``y``, columns = increasing ``x``.
 
     ``df`` is an aggregate (:func:`aggregate`) or a runs table, which is aggregated first (then
     ``value`` may name a metric, meaning its ``_mean``, or ``regime``). ``where`` fixes other axes
     (``{"n": 20}``); if an axis other than ``x`` and ``y`` still varies, a :class:`ValueError`
-    names it.
+    names it. On a table with recorded steps (dynamics, or an aggregate of them) ``step`` picks
+    one (an int or ``"last"``); it is required when several are present.
     """
     if where:
         df = select(df, where)
+    if STEP in df.columns and STEP not in (x, y):
+        if step is None and df[STEP].nunique() > 1:
+            have = np.unique(df[STEP].to_numpy(np.int64))
+            raise ValueError(f"pivot: the table holds {len(have)} recorded steps; fix: step=S "
+                             f"(one of {', '.join(map(str, have[:12]))}{' ...' if len(have) > 12 else ''}"
+                             ", or 'last')")
+        if step is not None:
+            df = at_step(df, step)
     if not is_aggregate(df):
         others = other_axes(df, x, y)
         if others:

@@ -44,7 +44,9 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from .analysis import setting_columns
+from .analysis import STEP, at_step, setting_columns
+from .regimes import REGIME_ORDER
+from .settings import suggest
 
 THEORY_EXPONENTS = {
     # (boundary axis, slice axis): (exponent, where it comes from)
@@ -157,8 +159,9 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
             2 * math.log(9) * s / max(abs(float(c[0])), 1e-300) < above[0] - below[-1]:
         status = "unresolved"
         lo, hi = min(lo, below[-1]), max(hi, above[0])
-    out.update(boundary=float(back(est)), lo=float(back(lo)), hi=float(back(hi)),
-               slope=float(c[0] / s), status=status,
+    with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
+        est, lo, hi = float(back(est)), float(back(lo)), float(back(hi))
+    out.update(boundary=est, lo=lo, hi=hi, slope=float(c[0] / s), status=status,
                pseudo_r2=float(1 - ll[0] / ll0[0]) if ll0[0] < 0 else np.nan)
     return out
 
@@ -166,7 +169,7 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
 def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("benign", "harmful"), *,
                by: Sequence[str] = (), over: Sequence[str] = (), regime: str = "regime",
                log: bool | None = None, n_boot: int = 400, level: float = 0.95,
-               seed: int = 0) -> pd.DataFrame:
+               seed: int = 0, step=None) -> pd.DataFrame:
     """The boundary between regimes ``A`` and ``B`` (``between``) along ``x`` for each value of
     ``y`` (and of the ``by`` columns), from a table of runs (:func:`phasebo.load`).
 
@@ -178,10 +181,24 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     ``between``. A setting other than ``x``, ``y``, ``by`` and the seed that varies inside a slice
     is an error (the fit would pool it) unless it is named in ``over`` or ``x`` determines it one
     to one (``d`` along ``x = "snr"`` at a fixed signal norm).
+
+    On a dynamics table (regimes at every recorded step, ``pb.load(path, "dynamics")``) every
+    recorded step is a slice key of its own, so the rows trace the boundary over time; ``step``
+    (an int, a list or ``"last"``) keeps only those steps (:func:`phasebo.analysis.at_step`).
     """
     if len(between) != 2 or between[0] == between[1]:
         raise ValueError(f"between = {tuple(between)!r}: give two different regime names, e.g. "
                          "('benign', 'harmful')")
+    if regime == "regime":
+        for r in between:
+            if r not in REGIME_ORDER:
+                raise ValueError(f"between: {r!r} is not a regime{suggest(r, REGIME_ORDER)}; "
+                                 f"regimes: {', '.join(REGIME_ORDER)}")
+    if STEP in df.columns:
+        if step is not None:
+            df = at_step(df, step)
+        if STEP not in (x, y, *by):
+            by = (*by, STEP)
     for col in (x, y, regime, *by):
         if col not in df.columns:
             raise ValueError(f"column {col!r} is not in the table; it has "
@@ -221,6 +238,76 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     return out
 
 
+def _first_crossing(u: np.ndarray, m: np.ndarray, level: float) -> tuple[float, int]:
+    """Where ``m(u)`` first crosses ``level`` (linear between the bracketing points) and how many
+    sign changes ``m - level`` has; NaN if none."""
+    ok = np.isfinite(m)
+    u, m = u[ok], m[ok]
+    side = np.sign(m - level)
+    side[side == 0] = 1  # on the level counts as reached
+    change = np.flatnonzero(side[1:] != side[:-1])
+    if not len(change):
+        return np.nan, 0
+    i = change[0]
+    t = (level - m[i]) / (m[i + 1] - m[i])
+    return float(u[i] + t * (u[i + 1] - u[i])), int(len(change))
+
+
+def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: float = 0.95,
+              *, by: Sequence[str] = (), log: bool | None = None, n_boot: int = 400,
+              ci: float = 0.95, seed: int = 0, step=None) -> pd.DataFrame:
+    """A second boundary estimator: where the seed mean of ``value`` crosses ``level`` along ``x``,
+    for each slice of ``y`` (and ``by``), interpolated linearly in ``log x`` between the two
+    sampled ``x`` values that bracket it; its ``ci`` interval is a percentile bootstrap over seeds
+    (seeds as in :func:`boundaries`: a seed is one draw across the whole slice).
+
+    Rows have the columns of :func:`boundaries` (so :func:`fit_power_law` takes them), with
+    ``status`` ``ok`` or ``no_crossing`` and ``n_crossings`` (more than 1: the mean is not
+    monotone in ``x``; the first crossing from small ``x`` is reported). Failed runs are left
+    out. On a dynamics table every recorded step is a slice (or ``step`` selects some).
+    """
+    for col in (x, y, value, *by):
+        if col not in df.columns:
+            raise ValueError(f"column {col!r} is not in the table")
+    if "status" in df.columns:
+        df = df[df["status"].astype(str) == "ok"]
+    if STEP in df.columns:
+        if step is not None:
+            df = at_step(df, step)
+        if STEP not in (x, y, *by):
+            by = (*by, STEP)
+    keys = [y, *by]
+    if log is None:
+        log = bool((df[x] > 0).all())
+    rng = np.random.default_rng(seed)
+    alpha = (1 - ci) / 2
+    rows = []
+    for key, d in df.groupby(keys, sort=True, observed=True):
+        key = key if isinstance(key, tuple) else (key,)
+        d = d.assign(_unit=_seed_units(d))
+        grid = d.pivot_table(index="_unit", columns=x, values=value, aggfunc="mean")
+        xs = grid.columns.to_numpy(float)
+        u = np.log(xs) if log else xs
+        vals = grid.to_numpy(float)
+        est, nc = _first_crossing(u, np.nanmean(vals, axis=0), level)
+        U = len(vals)
+        boots = np.array([_first_crossing(u, np.nanmean(vals[rng.integers(0, U, U)], axis=0),
+                                          level)[0] for _ in range(n_boot)])
+        boots = boots[np.isfinite(boots)]
+        lo, hi = (np.quantile(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
+        back = np.exp if log else (lambda v: v)
+        rows.append({**dict(zip(keys, key)), "boundary": float(back(est)),
+                     "lo": float(back(lo)), "hi": float(back(hi)), "n_seeds": U,
+                     "n_x": len(xs), "n_crossings": nc,
+                     "status": "ok" if np.isfinite(est) else "no_crossing"})
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["x"] = x
+    out["between"] = f"{value}={level:g}"
+    return out
+
+
 def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float = 0.95,
                   exponent: float | None = None) -> dict:
     """Fit ``y = prefactor · x^exponent`` to the rows of ``b`` with a finite ``y`` (by default the
@@ -238,7 +325,10 @@ def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float 
     Y = np.log(ok[y].to_numpy(float))
     z = NormalDist().inv_cdf(0.5 + level / 2)
     if {"lo", "hi"} <= set(ok.columns):
-        sd = (np.log(ok["hi"].to_numpy(float)) - np.log(ok["lo"].to_numpy(float))) / (2 * Z95)
+        lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
+        good = (lo_ > 0) & (hi_ > 0)  # an interval reaching 0 has no width on log axes
+        sd = np.full(len(ok), np.nan)
+        sd[good] = (np.log(hi_[good]) - np.log(lo_[good])) / (2 * Z95)
         sd = np.where(np.isfinite(sd) & (sd > 0), sd, np.nan)
         sd = np.where(np.isnan(sd), np.nanmedian(sd) if np.isfinite(sd).any() else 1.0, sd)
         sd = np.maximum(sd, 1e-6)
@@ -273,11 +363,52 @@ def theory_exponent(x: str, y: str) -> tuple[float, str] | None:
     return THEORY_EXPONENTS.get((x, y))
 
 
+MIN_FIT_POINTS = 3  # fewer resolved slices than this give no exponent worth stating
+SCATTER = 4.0  # chi2/dof above this: one power law does not describe the boundary
+
+
+def exponents_over_steps(b: pd.DataFrame, y: str) -> pd.DataFrame:
+    """The power-law fit of :func:`boundaries` rows at each recorded step (a boundary
+    trajectory): ``step``, ``n_slices``, ``n_found`` (finite boundaries of status ok, unresolved or
+    separated), ``exponent``, ``lo``, ``hi``, ``chi2_dof`` (NaN where fewer than
+    :data:`MIN_FIT_POINTS` slices were found)."""
+    rows = []
+    for step, g in b.groupby(STEP, sort=True):
+        usable = g[np.isfinite(g["boundary"].to_numpy(float))
+                   & g["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+        row = {STEP: int(step), "n_slices": len(g), "n_found": len(usable), "exponent": np.nan,
+               "lo": np.nan, "hi": np.nan, "chi2_dof": np.nan}
+        if len(usable) >= MIN_FIT_POINTS:
+            fit = fit_power_law(usable, y)
+            row.update({k: fit[k] for k in ("exponent", "lo", "hi", "chi2_dof")})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def summary(b: pd.DataFrame, x: str, y: str) -> str:
-    """A short text: the boundaries found, the power-law fit and the theory's exponent."""
+    """A short text: the boundaries found, the power-law fit and the theory's exponent (at each
+    recorded step, for a boundary trajectory)."""
+    if STEP in b.columns:
+        lines = [f"boundary {b['between'].iloc[0]} along {x} per {y}, at {b[STEP].nunique()} "
+                 "recorded steps:"]
+        for _, r in exponents_over_steps(b, y).iterrows():
+            fit = (f"exponent {r['exponent']:.3f} (95% CI {r['lo']:.3f} .. {r['hi']:.3f}, "
+                   f"chi2/dof {r['chi2_dof']:.2f})" if np.isfinite(r["exponent"])
+                   else f"no fit (fewer than {MIN_FIT_POINTS} slices)")
+            if r["chi2_dof"] > SCATTER:
+                fit += " — scattered: one power law does not describe it"
+            lines.append(f"  step {int(r[STEP])}: {int(r['n_found'])} of {int(r['n_slices'])} "
+                         f"slices found; {fit}")
+        return "\n".join(lines)
     counts = b["status"].astype(str).value_counts()
     lines = [f"boundary {b['between'].iloc[0]} along {x}, {len(b)} slices of {y}: "
              + ", ".join(f"{k} {v}" for k, v in counts.items() if v)]
+    usable = b[np.isfinite(b["boundary"].to_numpy(float))
+               & b["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+    if len(usable) < MIN_FIT_POINTS:
+        lines.append(f"no power-law fit: {len(usable)} resolved slices, fewer than "
+                     f"{MIN_FIT_POINTS}")
+        return "\n".join(lines)
     try:
         fit = fit_power_law(b, y)
     except ValueError as e:
@@ -286,6 +417,10 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
     lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f} "
                  f"(95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; {fit['n_points']} points, "
                  f"chi2/dof {fit['chi2_dof']:.2f})")
+    if fit["chi2_dof"] > SCATTER:
+        lines.append(f"warning: the boundaries scatter about their fit {fit['chi2_dof']:.1f} "
+                     "times more than their intervals allow: one power law does not describe "
+                     "this boundary (it bends, or the slices differ)")
     th = theory_exponent(x, y)
     if th is not None:
         inside = fit["lo"] <= th[0] <= fit["hi"]

@@ -208,6 +208,33 @@ def resolve(given: Mapping[str, Any]) -> dict:
     return out
 
 
+def label_noise_notes(spec: SweepSpec) -> list[str]:
+    """One line per (n, noise ratio, flip rule) of the sweep whose flip count changes the requested
+    ratio: ``fraction`` flips ``floor(ceil(n r) / 2)`` labels of each class, ``fixed_count``
+    ``ceil(n r)``; Bernoulli flips keep the ratio in expectation and get no note."""
+    notes: dict[tuple, str] = {}
+    names = ("model", "n", "noise_ratio", "label_noise")
+    for case in spec.cases:
+        base = {**spec.fixed, **case}
+        axes = {k: spec.axes[k] for k in names if k in spec.axes}
+        for combo in itertools.product(*axes.values()):
+            st = resolve({**base, **dict(zip(axes, combo))})
+            mode, n, r = st.get("label_noise"), st.get("n"), st.get("noise_ratio")
+            if mode not in ("fraction", "fixed_count") or n is None or r is None or r <= 0:
+                continue
+            k = int(math.ceil(round(n * r, 9)))
+            flips = 2 * (k // 2) if mode == "fraction" else k
+            if abs(flips - n * r) < 1e-9 or (mode, n, r) in notes:
+                continue
+            how = (f"floor(ceil({n} * {r:g}) / 2) = {k // 2} per class" if mode == "fraction"
+                   else f"ceil({n} * {r:g}) = {k}")
+            tail = ("no label is flipped, so these runs have nothing to overfit (regime "
+                    "no_noise)" if flips == 0 else f"an effective ratio of {flips / n:g}")
+            notes[(mode, n, r)] = (f"note: noise_ratio = {r:g} at n = {n} flips {flips} labels "
+                                   f"({mode}: {how}): {tail}")
+    return list(notes.values())
+
+
 def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> dict:
     """Every given setting belongs to the model, the model's checks pass, an engine can run it;
     returns the settings of the model (those it does not take dropped)."""

@@ -25,28 +25,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .regimes import REGIME_ORDER, REGIMES, classify_regime  # noqa: F401 (re-exported)
 from .settings import ConfigError
 
-REGIMES = ("benign", "harmful", "not_overfitting")
-REGIME_ORDER = (*REGIMES, "diverged")
 STATUSES = ("ok", "diverged")
-INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step")
-
-
-def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.0) -> np.ndarray:
-    """``not_overfitting`` if train acc < the fit threshold; else ``benign`` iff test acc >=
-    1 - test_eps, ``harmful`` otherwise. Runs whose status is not ``ok`` get their status."""
-    train_acc = np.asarray(train_acc, float)
-    test_acc = np.asarray(test_acc, float)
-    status = np.asarray(status, object)
-    test_eps = np.broadcast_to(np.asarray(test_eps, float), train_acc.shape)
-    fit_thr = np.broadcast_to(np.asarray(train_acc_fit, float), train_acc.shape)
-    fits = train_acc >= fit_thr - 1e-6  # accuracies are k/n in float32
-    good = test_acc >= 1 - test_eps - 1e-6
-    out = np.where(fits, np.where(good, "benign", "harmful"), "not_overfitting").astype(object)
-    bad = status != "ok"
-    out[bad] = status[bad]
-    return out
+INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step",
+               "first_benign_step", "dip_step", "recovery_step")
 
 
 def derived_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -79,6 +79,31 @@ def magen_boundary_rho(n, d, c=1.0):
     return float(c) * np.sqrt(np.asarray(d, float) / np.asarray(n, float))
 
 
+def magen_step1_test_acc(snr, n, rho, eta):
+    """Test accuracy after GD step 1 from zero of single-head attention ([M], two tokens):
+    ``Φ((1 − 2η) ρ SNR √n / 2)``.
+
+    Step 1 leaves p = 0 (uniform attention) and sets ``v₁ ∝ Σᵢ yᵢ (xᵢ⁽¹⁾ + xᵢ⁽²⁾)``; on a clean
+    test sample the signal part of ``f`` has mean ``ρ² n (1 − 2η) / 2`` and the noise part standard
+    deviation ``√(n d)`` (noise tokens nearly orthogonal to the signals and to each other), so the
+    margin is positive with probability ``Φ((1 − 2η) ρ² √n / (2 √d))`` and ``SNR = ρ / √d``."""
+    from statistics import NormalDist
+
+    z = (1 - 2 * np.asarray(eta, float)) * np.asarray(rho, float) * np.asarray(snr, float) \
+        * np.sqrt(np.asarray(n, float)) / 2
+    return np.vectorize(NormalDist().cdf)(z)
+
+
+def magen_step1_snr(n, rho, eta, acc=0.95):
+    """The SNR at which :func:`magen_step1_test_acc` equals ``acc``:
+    ``SNR* = 2 Φ⁻¹(acc) / ((1 − 2η) ρ √n)`` — exponent −½ in n, constant ∝ 1/ρ (0.137 / √n at
+    ρ = 30, η = 0.1, acc = 0.95: the benign / harmful threshold of ``test_eps = 0.05``)."""
+    from statistics import NormalDist
+
+    return 2 * NormalDist().inv_cdf(acc) / ((1 - 2 * float(eta)) * float(rho)
+                                            * np.sqrt(np.asarray(n, float)))
+
+
 # --------------------------------------------------------------------------------------------
 # Gap growth and attention gaps (Sakamoto)
 # --------------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class LoopState(NamedTuple):
     cumS: jax.Array  # (n,) cumulative s_R (1 - s_R) per sample (summed per group at the end)
     diverge: jax.Array  # () int32: first non-finite step, -1 never
     buf: jax.Array | None  # recorded metrics (R, M) inside the loop; a dict of (R,) after it
+    margin_mid: jax.Array  # () smallest margin at the middle step steps // 2 (the trend's anchor)
 
     def observe(self, t, margin, s, relevant) -> LoopState:
         """First-fit steps and (when the model has token roles) the 𝔖 sums at step ``t``."""
@@ -182,12 +183,16 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     now0, fwd0, _ = jax.eval_shape(final, state)
     rec, buf = Recorder.make(steps, record_at, record_fn, view).empty(dtype, now0, *fwd0)
     ls = LoopState(jnp.full(n, -1, jnp.int32), jnp.asarray(-1, jnp.int32), jnp.zeros(n, dtype),
-                   jnp.asarray(-1, jnp.int32), buf)
+                   jnp.asarray(-1, jnp.int32), buf, jnp.asarray(jnp.nan, dtype))
+    mid = steps // 2
 
     def body(carry, t):
         state, ls = carry
         now, new, (f, s, a), finite = step(state)
-        ls = ls.observe(t, margin_fn(f, batch.y), s, relevant)
+        margin = margin_fn(f, batch.y)
+        ls = ls.observe(t, margin, s, relevant)
+        ls = ls._replace(margin_mid=jnp.where(t == mid, jnp.min(margin).astype(dtype),
+                                              ls.margin_mid))
         ls = ls._replace(buf=rec.write(ls.buf, t, now, f, s, a))
         return (new, ls.check(t, finite)), None
 
@@ -213,9 +218,10 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype) -> dict:
     final["n_noisy"] = n_noisy.astype(jnp.int32)
     final["frac_noisy_fitted"] = jnp.where(
         n_noisy > 0, jnp.sum(fitted_noisy) / jnp.maximum(n_noisy, 1), jnp.nan)
-    # step by which every flipped sample had been fitted once (-1 if one never was)
+    # step by which every flipped sample had been fitted once: -1 if one never was, and -1 when
+    # there is no flipped sample (nothing to fit: not a step, as frac_noisy_fitted is NaN then)
     final["noisy_fit_step"] = jnp.where(
-        all_noisy, jnp.max(jnp.where(noisy, first_fit, 0)), -1).astype(jnp.int32)
+        all_noisy & (n_noisy > 0), jnp.max(jnp.where(noisy, first_fit, 0)), -1).astype(jnp.int32)
     final["mean_noisy_fit_step"] = masked_mean(first_fit.astype(dtype), fitted_noisy)
     final["all_fit_step"] = ls.all_fit
     if roles is not None:
@@ -223,6 +229,9 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype) -> dict:
         for g, mask in zip(GROUPS, masks):
             final[f"cumS_{g}"] = jnp.sum(jnp.where(mask, ls.cumS, 0.0))
     final["diverge_step"] = ls.diverge
+    # the smallest margin at step steps // 2: with the final one, the trend that tells a run still
+    # fitting its labels from a settled one (phasebo.regimes)
+    final["margin_mid"] = ls.margin_mid
     final["status"] = jnp.where(ls.diverge >= 0, int(Status.DIVERGED),
                                 int(Status.OK)).astype(jnp.int32)
     return final

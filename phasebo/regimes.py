@@ -1,0 +1,209 @@
+"""The regime rule, at the horizon and at every recorded step.
+
+A run's regime is a statement about one step ``t`` (its horizon, or a recorded step):
+
+- a run whose ``status`` is not ``ok`` gets its status (``diverged``);
+- ``no_noise``: the run has no flipped label, so there is nothing to overfit (``n_noisy = 0``);
+- train accuracy ``< train_acc_fit`` (default 1: some label unfitted):
+
+  - ``fitting`` when the run is still fitting its labels at ``t`` (the rule below),
+  - ``not_overfitting`` otherwise (its margins have settled at ``t``);
+- train accuracy ``>= train_acc_fit``: ``benign`` iff test accuracy ``>= 1 - test_eps``, else
+  ``harmful``.
+
+**Still fitting.** Let ``m(t)`` be the smallest training margin ``min_i y_i f(x_i)`` at step ``t``
+(negative while a label is unfitted) and ``t'`` an earlier step, ``t' <= t / 2`` (the run's middle
+step ``steps // 2`` at its horizon; the latest recorded step ``<= t / 2`` inside the dynamics).
+Margins of attention models grow about linearly in ``log t`` (the attention gaps grow
+logarithmically), so the rule extrapolates the smallest margin linearly in ``log t`` by one
+decade::
+
+    m(10 t)  ≈  m(t) + (m(t) - m(t')) · ln 10 / ln(t / t')
+
+and calls the run ``fitting`` when that is positive: at the trend of its last half, it would fit
+every label within ten times its horizon, so its label at ``t`` is not yet a phase. Without an
+earlier step ``t' >= 1`` (horizons of one step) the trend is unknown and the run keeps the
+``not_overfitting`` label. The rule was checked on real runs by running them ten times longer
+(``docs/science.md``).
+
+Accuracies are ``k / n`` in float32, so the thresholds carry a ``1e-6`` tolerance.
+
+**Over time.** :func:`regimes_over_time` labels every row of a dynamics table (one per run and
+recorded step) with the same rule, and :func:`timeline` condenses each run's recorded path: the
+first recorded step at which it is benign, the step of its lowest test accuracy after step 0
+(``dip_step``, ``dip_test_acc``), and the **recovery step**: the first recorded step after a dip
+below ``1 - test_eps`` at which test accuracy is back at ``>= 1 - test_eps`` (``-1``: no recovery
+by the horizon, or no dip).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+REGIMES = ("benign", "harmful", "not_overfitting", "fitting", "no_noise")
+REGIME_ORDER = (*REGIMES, "diverged")
+DECADE = 10.0  # how far ahead the still-fitting rule extrapolates (a factor on the step)
+TOL = 1e-6  # accuracies are k / n in float32
+
+
+def projected_margin(margin, margin_prev, step, step_prev) -> np.ndarray:
+    """``m(10 t) ≈ m(t) + (m(t) - m(t')) ln 10 / ln(t / t')``; NaN where ``t' < 1`` or
+    ``t' >= t`` (no trend)."""
+    m, m0 = np.asarray(margin, float), np.asarray(margin_prev, float)
+    t, t0 = np.asarray(step, float), np.asarray(step_prev, float)
+    ok = (t0 >= 1) & (t > t0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = (m - m0) / np.log(np.where(ok, t / np.where(ok, t0, 1.0), 2.0))
+    return np.where(ok, m + slope * math.log(DECADE), np.nan)
+
+
+def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.0, *,
+                    n_noisy=None, margin=None, margin_prev=None, step=None,
+                    step_prev=None) -> np.ndarray:
+    """The regime of each run at one step (module docstring); every argument broadcasts.
+
+    ``n_noisy`` (flipped labels), and ``margin`` / ``margin_prev`` (smallest margin at ``step``
+    and at the earlier ``step_prev``) are optional: without them no run is ``no_noise`` or
+    ``fitting``.
+    """
+    train_acc = np.asarray(train_acc, float)
+    shape = train_acc.shape
+    test_acc = np.broadcast_to(np.asarray(test_acc, float), shape)
+    status = np.broadcast_to(np.asarray(status, object), shape)
+    test_eps = np.broadcast_to(np.asarray(test_eps, float), shape)
+    fit_thr = np.broadcast_to(np.asarray(train_acc_fit, float), shape)
+    fits = train_acc >= fit_thr - TOL
+    good = test_acc >= 1 - test_eps - TOL
+    out = np.where(fits, np.where(good, "benign", "harmful"), "not_overfitting").astype(object)
+    if margin is not None and margin_prev is not None:
+        proj = np.broadcast_to(projected_margin(margin, margin_prev, step, step_prev), shape)
+        out[~fits & (np.nan_to_num(proj, nan=-1.0) > 0)] = "fitting"
+    if n_noisy is not None:
+        out[np.broadcast_to(np.asarray(n_noisy) == 0, shape)] = "no_noise"
+    bad = status != "ok"
+    out[bad] = status[bad]
+    return out
+
+
+def classify_runs(res: pd.DataFrame) -> np.ndarray:
+    """The regime at the horizon of every row of a results table: its final metrics, thresholds
+    (``test_eps``, ``train_acc_fit``), ``n_noisy`` and the smallest margin at the horizon and at
+    the middle step (``margin``, ``margin_mid``)."""
+    steps = res["steps"].to_numpy(float) if "steps" in res.columns else np.zeros(len(res))
+    kw = {}
+    if {"margin", "margin_mid"} <= set(res.columns):
+        kw = dict(margin=res["margin"].to_numpy(float), margin_prev=res["margin_mid"].to_numpy(float),
+                  step=steps, step_prev=np.floor(steps / 2))
+    return classify_regime(res["train_acc"].to_numpy(float), res["test_acc"].to_numpy(float),
+                           res["status"].astype(str).to_numpy(object),
+                           _col(res, "test_eps", 0.05), _col(res, "train_acc_fit", 1.0),
+                           n_noisy=res["n_noisy"].to_numpy() if "n_noisy" in res.columns else None,
+                           **kw)
+
+
+def _col(df: pd.DataFrame, name: str, default: float) -> np.ndarray:
+    return df[name].to_numpy(float) if name in df.columns else np.full(len(df), default)
+
+
+def _blocks(run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start of each run's block of rows (rows sorted by run) and each row's block start."""
+    start = np.r_[0, np.flatnonzero(run[1:] != run[:-1]) + 1] if len(run) else np.zeros(0, int)
+    return start, np.repeat(start, np.diff(np.r_[start, len(run)]))
+
+
+def _previous_record(dyn: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """For every row of a dynamics table sorted by (run, step): the latest recorded step
+    ``t' <= t / 2`` of the same run and its smallest margin (step -1, margin NaN if none)."""
+    step = dyn["step"].to_numpy(np.int64)
+    margin = dyn["margin"].to_numpy(float)
+    _, first = _blocks(dyn["run_id"].to_numpy())
+    width = int(step.max()) + 2 if len(step) else 1
+    key = first * width + step  # increasing along the sorted rows
+    pos = np.searchsorted(key, first * width + step // 2, side="right") - 1
+    ok = pos >= first
+    pos = np.clip(pos, 0, None)
+    return np.where(ok, step[pos], -1), np.where(ok, margin[pos], np.nan)
+
+
+def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame) -> pd.DataFrame:
+    """The regime of every run at every recorded step.
+
+    ``dyn``: a dynamics table (``run_id``, ``step``, ``train_acc``, ``test_acc``, ``margin``, ...);
+    ``res``: the results table of the same runs (their thresholds, ``n_noisy`` and ``status``).
+    Returns the tidy table ``run_id, step, train_acc, train_acc_clean, train_acc_noisy,
+    test_acc, regime`` (rows sorted by run and step), plus the trend's ``margin`` and
+    ``projected_margin``. A run that diverged is ``diverged`` from its ``diverge_step`` on.
+    """
+    need = {"run_id", "step", "train_acc", "test_acc", "margin"}
+    if not need <= set(dyn.columns):
+        raise ValueError(f"regimes_over_time: the dynamics table lacks {sorted(need - set(dyn))}")
+    d = dyn.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    per_run = res.drop_duplicates("run_id").set_index("run_id")
+    idx = per_run.index.get_indexer(d["run_id"].to_numpy())
+    if (idx < 0).any():
+        raise ValueError("regimes_over_time: dynamics rows of runs missing from the results")
+
+    def col(name, default):
+        if name not in per_run.columns:
+            return np.full(len(d), default)
+        return per_run[name].to_numpy()[idx]
+
+    step = d["step"].to_numpy(np.int64)
+    status = col("status", "ok").astype(str).astype(object)
+    div = col("diverge_step", -1).astype(float)
+    status = np.where((status != "ok") & ((div < 0) | (step >= div)), status, "ok").astype(object)
+    prev_step, prev_margin = _previous_record(d)
+    regime = classify_regime(d["train_acc"].to_numpy(float), d["test_acc"].to_numpy(float),
+                             status, col("test_eps", 0.05).astype(float),
+                             col("train_acc_fit", 1.0).astype(float), n_noisy=col("n_noisy", 1),
+                             margin=d["margin"].to_numpy(float), margin_prev=prev_margin,
+                             step=step, step_prev=prev_step)
+    keep = [c for c in ("run_id", "step", "train_acc", "train_acc_clean", "train_acc_noisy",
+                        "test_acc", "margin") if c in d.columns]
+    out = d[keep].copy()
+    out["projected_margin"] = projected_margin(d["margin"].to_numpy(float), prev_margin, step,
+                                               prev_step)
+    out["regime"] = pd.Categorical(regime, categories=REGIME_ORDER, ordered=True)
+    return out
+
+
+def timeline(reg: pd.DataFrame, res: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per run from its regimes over time (:func:`regimes_over_time`):
+    ``first_benign_step``, ``dip_step``, ``dip_test_acc``, ``recovery_step`` (module docstring;
+    ``-1`` for never). ``res`` supplies each run's ``test_eps`` (default 0.05)."""
+    d = reg.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    run = d["run_id"].to_numpy()
+    step = d["step"].to_numpy(np.int64)
+    acc = d["test_acc"].to_numpy(float)
+    start, _ = _blocks(run)
+    ids = run[start] if len(run) else run
+    eps = np.full(len(d), 0.05)
+    if res is not None and "test_eps" in res.columns:
+        e = res.drop_duplicates("run_id").set_index("run_id")["test_eps"]
+        eps = e.reindex(run).fillna(0.05).to_numpy(float)
+    good = acc >= 1 - eps - TOL
+    idx = np.arange(len(d))
+    never = len(d) + 1
+
+    def first_where(mask):  # per run: the first row where mask holds (never if none)
+        return np.minimum.reduceat(np.where(mask, idx, never), start) if len(d) else idx
+
+    out = pd.DataFrame({"run_id": ids})
+    fb = first_where(d["regime"].astype(str).to_numpy() == "benign")
+    out["first_benign_step"] = np.where(fb < never, step[np.clip(fb, 0, len(d) - 1)], -1)
+    later = (step >= 1) & np.isfinite(acc)
+    low = np.minimum.reduceat(np.where(later, acc, np.inf), start) if len(d) else acc
+    j = first_where(later & (acc == np.repeat(low, np.diff(np.r_[start, len(d)]))))
+    has = j < never
+    jj = np.clip(j, 0, max(len(d) - 1, 0))
+    out["dip_step"] = np.where(has, step[jj], -1)
+    out["dip_test_acc"] = np.where(has, low, np.nan)
+    dipped = has & ~good[jj]
+    after = idx > np.repeat(jj, np.diff(np.r_[start, len(d)]))
+    back = first_where(after & good)
+    out["recovery_step"] = np.where(dipped & (back < never), step[np.clip(back, 0, len(d) - 1)],
+                                    -1)
+    return out
