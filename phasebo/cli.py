@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
@@ -80,9 +81,12 @@ def models_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # not asked for: the usage goes where errors go
+        print(usage(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(usage())
-        return 0 if argv else 2
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "sweep":
         from .sweep import main as sweep_main
@@ -109,8 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "settings":
         from .settings import ConfigError
 
+        if rest and rest[0] in ("-h", "--help"):
+            print("usage: phasebo settings [MODEL]  (every setting of MODEL, or of every model)")
+            return 0
         try:
-            print(settings_table(rest[0] if rest and not rest[0].startswith("-") else None))
+            if len(rest) > 1 or (rest and rest[0].startswith("-")):
+                raise ConfigError(f"unexpected argument {rest[-1]!r}; usage: phasebo settings "
+                                  "[MODEL]")
+            print(settings_table(rest[0] if rest else None))
         except ConfigError as e:
             print(f"phasebo settings: error: {e}", file=sys.stderr)
             return 2
@@ -118,8 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "models":
         print(models_table())
         return 0
-    print(f"phasebo: error: unknown command {cmd!r}\n{usage()}", file=sys.stderr)
+    from .settings import suggest
+
+    print(f"phasebo: error: unknown command {cmd!r}{suggest(cmd, COMMANDS)}; commands: "
+          f"{', '.join(COMMANDS)} (phasebo --help)", file=sys.stderr)
     return 2
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The console entry point: :func:`main`, quiet when its output pipe closes early
+    (``phasebo settings | head``)."""
+    try:
+        return main(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -147,6 +170,10 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     p.add_argument("--out", help="output directory (default: the first results directory)")
     p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--step", default=None,
+                   help="a recorded step (the regimes of the dynamics at that step), 'all' for "
+                        "every recorded step (the boundary over time), or 'last'; default: the "
+                        "regime at each run's horizon (results table)")
     args = p.parse_args(argv)
     name = p.prog.split()[-1]
 
@@ -155,31 +182,46 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
 
     try:
         between = tuple(s.strip() for s in args.between.split(","))
-        df = load(args.results)
+        step = args.step
+        if step is not None and step not in ("all", "last"):
+            if not step.isdigit():
+                raise ValueError(f"--step {step!r}: give a recorded step (an integer), 'all' or "
+                                 "'last'")
+            step = int(step)
+        df = load(args.results, "dynamics") if step is not None else load(args.results)
         b = boundaries(df, args.x, args.y, between, by=split(args.by), over=split(args.over),
-                       n_boot=args.boot)
+                       n_boot=args.boot, step=None if step == "all" else step)
     except (ValueError, ConfigError, FileNotFoundError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out or args.results[0])
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"boundaries_{between[0]}_{between[1]}"
+    when = "" if step is None else f"_step{step}" if isinstance(step, int) else f"_steps_{step}"
+    stem = f"boundaries_{between[0]}_{between[1]}{when}"
     b.to_parquet(out / f"{stem}.parquet", index=False)
     b.to_csv(out / f"{stem}.csv", index=False)
-    cols = [args.y, *split(args.by), "boundary", "lo", "hi", "n_runs", "n_seeds", "status"]
-    with pd.option_context("display.width", 120, "display.max_rows", 200):
+    lead = ["step"] if "step" in b.columns else []
+    cols = [*lead, args.y, *split(args.by), "boundary", "lo", "hi", "n_runs", "n_seeds", "status"]
+    with pd.option_context("display.width", 120, "display.max_rows", 400):
         print(b[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(summary(b, args.x, args.y))
     if not args.no_plots:
-        from .plot import boundary_figure, save
+        from .plot import boundary_figure, boundary_trajectory, save
 
-        fig = boundary_figure(df, b, args.x, args.y)
-        paths = save(fig, out / f"boundary_{between[0]}_{between[1]}",
-                     [f.strip() for f in args.format.split(",")])
-        print("figure: " + ", ".join(map(str, paths)))
+        formats = [f.strip() for f in args.format.split(",")]
+        figs = []
+        if "step" in b.columns and b["step"].nunique() > 1:
+            figs.append((boundary_trajectory(b, args.x, args.y)[0],
+                         f"boundary_trajectory_{between[0]}_{between[1]}"))
+        else:
+            runs = df if "step" not in df.columns else df[df["step"].isin(b["step"].unique())]
+            figs.append((boundary_figure(runs, b, args.x, args.y),
+                         f"boundary_{between[0]}_{between[1]}{when}"))
+        for fig, fname in figs:
+            print("figure: " + ", ".join(map(str, save(fig, out / fname, formats))))
     print(f"table: {out / (stem + '.csv')}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -52,7 +52,9 @@ from .settings import ConfigError  # noqa: E402
 # Okabe & Ito's colour-blind-safe palette: blue / vermillion / yellow stay distinct under every
 # common colour-vision deficiency.
 REGIME_COLORS = {"benign": "#0072B2", "harmful": "#D55E00", "not_overfitting": "#F0E442",
-                 "mixed": "#BBBBBB", "failed": "#303030"}
+                 "fitting": "#CC79A7", "no_noise": "#FFFFFF", "mixed": "#BBBBBB",
+                 "failed": "#303030"}
+CORE_REGIMES = ("benign", "harmful", "not_overfitting")  # always in a regime map's key
 ROLE_COLORS = {"rel": "#009E73", "weak": "#56B4E9", "weak_opp": "#D55E00", "irr": "#9a9a9a"}
 ROLE_LABELS = {"rel": "relevant", "weak": "weakly relevant", "weak_opp": "weak, opposite class",
                "irr": "irrelevant"}
@@ -216,6 +218,15 @@ def magen_overlay(c: float = 1.0, x: str = "n") -> dict:
     return {f"SNR = {c:g}/√n": lambda s: (c / np.asarray(s, float)) ** 2}
 
 
+def magen_step1_overlay(rho: float, eta: float, acc: float = 0.95) -> dict:
+    """The step-1 closed form of single-head attention from zero init for an (x = SNR, y = n)
+    map: test accuracy ``acc`` at ``SNR = 2 Φ⁻¹(acc) / ((1 − 2η) ρ √n)``
+    (:func:`phasebo.theory.magen_step1_snr`), drawn as ``n(SNR)``."""
+    c = float(TH.magen_step1_snr(1.0, rho, eta, acc))
+    return {f"step 1: test acc {acc:g} (SNR = {c:.3g}/√n)":
+            lambda s: (c / np.asarray(s, float)) ** 2}
+
+
 # --------------------------------------------------------------------------------------------
 # Phase diagrams
 # --------------------------------------------------------------------------------------------
@@ -247,18 +258,21 @@ def _row_meshes(ax, g: pd.DataFrame, xs, ys, logx, logy, draw):
 
 def regime_map(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", ax=None,
                theory: Theory | None = None, where: Mapping | None = None,
-               logx: bool | None = None, logy: bool | None = None, title: str | None = None):
+               logx: bool | None = None, logy: bool | None = None, title: str | None = None,
+               categories: Sequence[str] | None = None, colorbar: bool = True):
     """Categorical phase diagram: each cell coloured by the regime of a strict majority of its
-    ok seeds (benign / harmful / not overfitting), grey where no regime has a majority.
+    ok seeds (benign / harmful / not overfitting, and fitting / no noise where they occur), grey
+    where no regime has a majority.
 
-    ``df``: a runs table or an aggregate; ``where`` fixes other axes. ``theory``: a callable
-    ``y = f(x)`` or ``{label: f}`` drawn as black lines. The cell codes are
+    ``df``: a runs table or an aggregate (or a dynamics table at one recorded step); ``where``
+    fixes other axes. ``theory``: a callable ``y = f(x)`` or ``{label: f}`` drawn as black
+    lines. ``categories``: the colour key (default: the three regimes and whatever else occurs);
+    small multiples pass one key to every panel. The cell codes are
     ``ax.collections[0].get_array()`` (indices into ``ax.regime_categories``).
     """
     cells = _cells(df, where, x, y)
     g = A.pivot(cells, x, y, "regime")
-    present = [c for c in ("mixed", "failed") if (g == c).to_numpy().any()]
-    cats = [*REGIMES, *present]
+    cats = list(categories) if categories is not None else present_regimes(g)
     code = np.full(g.shape, np.nan)
     for i, c in enumerate(cats):
         code[(g == c).to_numpy()] = i
@@ -276,14 +290,123 @@ def regime_map(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", ax=None,
                              edgecolors="white" if few else "face", linewidth=0.3 if few else 0)
 
     meshes, xe, ye = _row_meshes(ax, codes, xs, ys, logx, logy, draw)
-    cb = fig.colorbar(meshes[0], ax=ax, ticks=np.arange(len(cats)))
-    cb.ax.set_yticklabels([{"mixed": "mixed\n(no majority)"}.get(c, c.replace("_", " "))
-                           for c in cats])
-    cb.ax.tick_params(length=0)
+    if colorbar:
+        regime_colorbar(fig, meshes[0], cats, ax)
     _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     ax.regime_categories = cats  # for tests and callers: code i <-> cats[i]
     ax.set_title(title or f"regime ({_seed_text(cells)})", fontsize=10)
+    return fig, ax
+
+
+def present_regimes(labels) -> list[str]:
+    """The colour key of a regime map: the three regimes always, then whichever of fitting,
+    no noise, mixed and failed occur in ``labels`` (a grid or a column of cell labels)."""
+    have = set(np.asarray(labels, dtype=object).ravel().tolist())
+    return [c for c in (*REGIMES, "mixed", "failed") if c in CORE_REGIMES or c in have]
+
+
+def regime_colorbar(fig, mesh, cats: Sequence[str], ax, cax=None):
+    cb = fig.colorbar(mesh, ax=ax, cax=cax, ticks=np.arange(len(cats)))
+    cb.ax.set_yticklabels([{"mixed": "mixed\n(no majority)", "fitting": "fitting\n(still)",
+                            "no_noise": "no noise\n(nothing to overfit)"}.get(
+                               c, c.replace("_", " ")) for c in cats])
+    cb.ax.tick_params(length=0)
+    return cb
+
+
+def log_spaced_steps(steps, k: int = 6) -> list[int]:
+    """Up to ``k`` of the recorded ``steps``, about evenly spaced in log step, the last always
+    among them (step 0 only when it is the only one)."""
+    have = np.unique(np.asarray(steps, np.int64))
+    pos = have[have >= 1]
+    if len(pos) == 0:
+        return have.tolist()
+    want = np.geomspace(pos[0], pos[-1], min(k, len(pos)))
+    pick = {int(pos[np.argmin(np.abs(np.log(pos) - np.log(w)))]) for w in want}
+    return sorted(pick | {int(pos[-1])})
+
+
+def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d",
+                          steps: Sequence[int] | None = None, where: Mapping | None = None,
+                          theory: Theory | None = None, ncols: int = 3, title: str | None = None):
+    """Small multiples of the regime map at recorded steps (the regime at every recorded step,
+    :func:`phasebo.regimes.regimes_over_time`), one shared colour key.
+
+    ``dyn``: a dynamics table with its settings (``pb.load(path, "dynamics")``); ``steps``:
+    the recorded steps to draw (default: up to six, log-spaced, the horizon last).
+    """
+    dyn = A.select(dyn, where)
+    steps = log_spaced_steps(dyn["step"], 6) if steps is None else list(steps)
+    cells = {}
+    for s in steps:  # regime fractions only: a dynamics table has dozens of metric columns
+        one = A.at_step(dyn, s)
+        others = A.other_axes(one, x, y)
+        if others:
+            raise ValueError(f"{others[0]} varies besides {x} and {y}; fix: where = "
+                             f"{{ {others[0]} = value }} to draw one slice")
+        cells[s] = A.aggregate(one, by=[x, y], metrics=["test_acc"])
+    cats = present_regimes(np.concatenate([c["regime"].astype(str).to_numpy()
+                                           for c in cells.values()]))
+    ncols = max(1, min(ncols, len(steps)))
+    nrows = -(-len(steps) // ncols)
+    # a fixed grid, no layout engine: constrained layout measured every tick label of every
+    # panel and doubled the drawing time of the README's sweep
+    height = 3.5 * nrows + 0.6
+    fig, axs = plt.subplots(nrows, ncols, figsize=(3.9 * ncols + 1.6, height), squeeze=False)
+    fig.subplots_adjust(left=0.07, right=0.86, bottom=0.7 / height, top=1 - 0.6 / height,
+                        wspace=0.3, hspace=0.45)
+    for ax, s in zip(axs.flat, steps):
+        regime_map(cells[s], x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
+                   title=f"step {s}")
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    for ax in axs.flat[len(steps):]:
+        ax.set_visible(False)
+    regime_colorbar(fig, axs.flat[0].collections[0], cats, None,
+                    cax=fig.add_axes((0.88, 0.15, 0.022, 0.7)))
+    seeds = _seed_text(next(iter(cells.values())))
+    fig.suptitle(title or f"regime at recorded steps ({seeds})", fontsize=11)
+    fig.regime_steps = steps  # for tests and callers
+    return fig, axs
+
+
+def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None = None,
+                        ax=None, title: str | None = None):
+    """A boundary over time: for each slice value of ``y``, the boundary along ``x`` against the
+    recorded step (log axis), with its interval; ``b`` is :func:`phasebo.boundaries` on a
+    dynamics table (a ``step`` column). ``slices``: the ``y`` values to draw (default: up to six,
+    spread over those with a boundary)."""
+    fig, ax = _new(ax, figsize=(6.8, 4.6))
+    ok = b[np.isfinite(b["boundary"].to_numpy(float))
+           & b["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+    vals = np.sort(ok[y].unique())
+    if slices is None and len(vals) > 6:
+        vals = vals[np.unique(np.round(np.linspace(0, len(vals) - 1, 6)).astype(int))]
+    elif slices is not None:
+        vals = np.asarray(slices)
+    cmap = plt.get_cmap("viridis")
+    for i, v in enumerate(vals):
+        g = ok[np.isclose(ok[y].to_numpy(float), float(v))].sort_values("step")
+        if g.empty:
+            continue
+        st = g["step"].to_numpy(float)
+        bx = g["boundary"].to_numpy(float)
+        err = np.vstack([bx - g["lo"].to_numpy(float), g["hi"].to_numpy(float) - bx])
+        ax.errorbar(st, bx, yerr=err, fmt="-o", ms=3, capsize=2, lw=1.2,
+                    color=cmap(i / max(len(vals) - 1, 1)), label=f"{_short(y)} = {_num(v)}")
+    ax.set_xscale("log")
+    _plain_log(ax.xaxis)
+    if (ok["boundary"] > 0).all() and x in LOG_AXES:
+        ax.set_yscale("log")
+        _plain_log(ax.yaxis)
+    ax.set_xlabel("recorded step")
+    ax.set_ylabel(f"boundary {_label(x)}")
+    n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
+    ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time "
+                 f"(95% CI over {n_seeds} seeds)", fontsize=10)
+    if len(vals):
+        ax.legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, ax
 
 
@@ -822,6 +945,8 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
             continue
         name = f"heatmap_{h.get('value', 'regime')}_{h['y']}_vs_{h['x']}"
         paths += save(fig, out_dir / name, formats, dpi)
+        if h.get("value", "regime") == "regime":
+            paths += _regime_steps_figure(df, h, out_dir, formats, dpi)
     for h in lines:
         try:
             fig, _ = line_plot(df, h["x"], h.get("value", "test_acc"), hue=h.get("hue"),
@@ -832,6 +957,24 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
         paths += save(fig, out_dir / f"line_{h.get('value', 'test_acc')}_vs_{h['x']}", formats,
                       dpi)
     return paths
+
+
+def _regime_steps_figure(df, h: Mapping, out_dir: Path, formats, dpi) -> list[Path]:
+    """With recorded dynamics, the regime map of ``h`` at log-spaced recorded steps."""
+    dyn_path = Path(out_dir) / "dynamics.parquet"
+    if not dyn_path.exists() or "regime" not in pq_columns(dyn_path):
+        return []
+    dyn = A.load(out_dir, "dynamics")
+    if dyn["step"].nunique() < 2:
+        return []
+    fig, _ = regime_maps_over_time(dyn, h["x"], h["y"], where=h.get("where"))
+    return save(fig, out_dir / f"heatmap_regime_over_steps_{h['y']}_vs_{h['x']}", formats, dpi)
+
+
+def pq_columns(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(path).names
 
 
 MAP_VALUES = ("regime", "test_acc", "test_loss", "train_loss", "frac_noisy_fitted",
@@ -911,8 +1054,16 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
             if "ss_clean_pos" in sub.columns:
                 fig, _ = ss_dynamics(sub)
                 paths += save(fig, out / f"ss_{r}", formats, dpi)
+        if len(axes) >= 2 and "regime" in dyn.columns and dyn["step"].nunique() > 1:
+            x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0],
+                                                                                   axes[1])
+            where = {a: runs[a].iloc[0] for a in axes if a not in (x, y)} or None
+            fig, _ = regime_maps_over_time(dyn, x, y, where=where)
+            paths += save(fig, out / f"map_regime_over_steps_{y}_vs_{x}", formats, dpi)
         keys = [a for a in axes if a in dyn.columns][:3]
-        sel = pd.concat([A.select(dyn, w) for _, w in reps]) if keys else dyn
+        n_cells = len(runs.drop_duplicates(keys)) if keys else 1
+        # every cell when there are few (a line per case or per value), else one per regime
+        sel = pd.concat([A.select(dyn, w) for _, w in reps]) if keys and n_cells > 6 else dyn
         fig, _ = accuracy_dynamics(sel, hue=keys or None)
         paths += save(fig, out / "accuracy_dynamics", formats, dpi)
     return paths

@@ -25,6 +25,7 @@ the grid.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -34,8 +35,10 @@ import os
 import platform as _platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from . import config as C
-from .config import Cell, SweepSpec, key_words, run_ids
+from .config import Cell, SweepSpec, key_words, label_noise_notes, run_ids
 from .registry import ENGINES, get_model, resolve_engine
 from .settings import ConfigError, cache_dir, record_steps
 
@@ -368,7 +371,8 @@ def rows(spec: SweepSpec, g: Group, cols: list, out) -> tuple:
     """Host outputs of a chunk -> (results, dynamics, samples) DataFrames."""
     import pandas as pd
 
-    from .results import classify_regime, derived_columns
+    from .regimes import classify_runs, regimes_over_time, timeline
+    from .results import derived_columns
     from .train import Status
 
     model = g.model
@@ -394,9 +398,7 @@ def rows(spec: SweepSpec, g: Group, cols: list, out) -> tuple:
     labels = {int(s): s.label for s in Status}
     status = np.array([labels.get(int(s), "error") for s in final["status"]], object)
     metrics["status"] = status
-    metrics["regime"] = classify_regime(final["train_acc"], final["test_acc"], status,
-                                        res["test_eps"].to_numpy(float),
-                                        res["train_acc_fit"].to_numpy(float))
+    metrics["regime"] = classify_runs(pd.concat([res, metrics], axis=1))
     front = ["train_acc", "train_acc_clean", "train_acc_noisy", "test_acc", "train_loss",
              "test_loss", "status", "regime"]
     metrics = metrics[[c for c in front if c in metrics] + [c for c in metrics if c not in front]]
@@ -409,6 +411,11 @@ def rows(spec: SweepSpec, g: Group, cols: list, out) -> tuple:
         cols_d = {k: np.asarray(v)[:n].reshape(-1) for k, v in out.dynamics.items()}
         dyn = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), len(rec)),
                             "step": np.tile(np.asarray(rec, np.int64), n), **cols_d})
+        if "margin" in dyn.columns:  # the regime at every recorded step, and each run's path
+            dyn = dyn.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+            reg = regimes_over_time(dyn, res)
+            dyn["regime"] = reg["regime"].to_numpy()
+            res = res.merge(timeline(reg, res), on="run_id", how="left", validate="one_to_one")
     smp = None
     if out.samples:
         cols_s = {k: np.asarray(v)[:n] for k, v in out.samples.items()}
@@ -578,12 +585,16 @@ class _Progress:
             self.bar.close()
 
 
-def output_columns(model, lowered) -> set[str]:
+TIMELINE = ("first_benign_step", "dip_step", "dip_test_acc", "recovery_step")
+
+
+def output_columns(model, out) -> set[str]:
     """The columns a group's results rows will have: its model's settings, the derived columns,
-    and the final metrics of the traced program (``lowered.out_info``)."""
-    final = lowered.out_info.final
-    return set(model.settings) | set(final) | {"sweep", "run_id", "seed", "snr", "n_snr2",
-                                                "status", "regime", "engine_setting"}
+    the final metrics of the traced program (``out``: its abstract ``RunOutput``) and, when it
+    records a margin, each run's timeline (:func:`phasebo.regimes.timeline`)."""
+    cols = set(model.settings) | set(out.final) | {"sweep", "run_id", "seed", "snr", "n_snr2",
+                                                   "status", "regime", "engine_setting"}
+    return cols | (set(TIMELINE) if out.dynamics and "margin" in out.dynamics else set())
 
 
 def execute(pl: Plan, out_dir: Path, *, quiet: bool = False, max_chunks: int | None = None,
@@ -594,7 +605,7 @@ def execute(pl: Plan, out_dir: Path, *, quiet: bool = False, max_chunks: int | N
     against the traced columns, before anything runs), then compiled and run group by group.
     """
     jax = _jax()
-    from .results import done_run_ids, write_table_atomic
+    from .results import done_run_ids
 
     parts = Path(out_dir) / "parts"
     done = done_run_ids(parts)
@@ -620,25 +631,58 @@ def execute(pl: Plan, out_dir: Path, *, quiet: bool = False, max_chunks: int | N
         arrays, cols = chunk_arrays(spec, g, first, g.width)
         fn = chunk_function(g.model, g.engine, g.program, g.block, pl.n_dev)
         lowered = fn.lower({n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in arrays.items()})
-        columns |= output_columns(g.model, lowered)
+        columns |= output_columns(g.model, lowered.out_info)
         active.append((g, n_todo, lowered, itertools.chain([(first, arrays, cols)], stream)))
     stats.compile_s += time.perf_counter() - t
     if plots and active:
         from .plot import check_plot_spec
 
         check_plot_spec(spec, columns=columns)
+    with _interruptible() as interrupted:
+        _chunk_loop(spec, pl.n_dev, active, parts, stats, bar, max_chunks, interrupted)
+    return stats
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """SIGINT raises KeyboardInterrupt as usual and also sets a flag that the chunk loop reads
+    after every chunk: Python swallows an exception raised inside a garbage-collector callback
+    (jax registers one), and a Ctrl-C landing there must still stop the sweep."""
+    flag = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag[0] = True
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _chunk_loop(spec, n_dev, active, parts, stats, bar, max_chunks, interrupted) -> None:
+    """Compile each group, then run its chunks, writing every chunk's parts as it finishes."""
+    from .results import write_table_atomic
+
+    jax = _jax()
     try:
         for k, (g, n_todo, lowered, stream) in enumerate(active):
             bar.say(f"compiling group {k + 1}/{len(active)}: {g.label}, {n_todo} runs, block "
-                    f"{g.block} x {pl.n_dev} device(s), chunk {g.width}")
+                    f"{g.block} x {n_dev} device(s), chunk {g.width}")
             t = time.perf_counter()
             compiled = lowered.compile()
             stats.compile_s += time.perf_counter() - t
             bar.resume()
             for item in stream:
+                if interrupted[0]:
+                    raise KeyboardInterrupt
                 if max_chunks is not None and stats.chunks >= max_chunks:
                     stats.stopped = True
-                    return stats
+                    return
                 if isinstance(item, tuple):
                     _, arrays, cols = item
                 else:
@@ -659,9 +703,10 @@ def execute(pl: Plan, out_dir: Path, *, quiet: bool = False, max_chunks: int | N
                 stats.chunks += 1
                 stats.n_new += len(res)
                 bar.update(len(res))
+        if interrupted[0]:
+            raise KeyboardInterrupt
     finally:
         bar.close()
-    return stats
 
 
 # --------------------------------------------------------------------------------------------
@@ -695,6 +740,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     pl = plan(spec, n_devices=n_devices, memory_budget=memory_budget, chunk_size=chunk_size,
               block_size=block_size)
     check_disk(pl, out_dir)
+    if not quiet:
+        for note in label_noise_notes(spec):
+            print(f"{spec.name}: {note}", file=sys.stderr)
     if plots:
         from .plot import check_plot_spec
 
@@ -835,11 +883,12 @@ def _parse_bytes(text: str) -> int:
     units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
     t = text.strip().lower().rstrip("ib").rstrip("b")
     try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(float(t))
+        n = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(float(t))
     except ValueError:
         raise ConfigError(f"--memory-budget {text!r}: expected bytes such as 8G or 512M") from None
+    if n <= 0:
+        raise ConfigError(f"--memory-budget {text!r}: must be more than 0 bytes, e.g. 8G")
+    return n
 
 
 class Parser(argparse.ArgumentParser):
@@ -963,9 +1012,7 @@ def traced_columns(pl: Plan) -> set[str]:
             sw = {n: v for n, v in a.items() if n not in ("root_seed", "_hi", "_lo")}
             return g.engine.run(g.model, g.program, sw, k)
 
-        out = jax.eval_shape(run, one)
-        cols |= set(g.model.settings) | set(out.final) | {"snr", "n_snr2", "status", "regime",
-                                                           "seed", "run_id"}
+        cols |= output_columns(g.model, jax.eval_shape(run, one))
     return cols
 
 

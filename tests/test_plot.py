@@ -38,7 +38,36 @@ def _png(fig, path, dpi=60):
 
 def test_sweep_figures_written_by_the_sweep(sweep):
     pngs = {p.name for p in sweep.glob("heatmap_*.png")}
-    assert len(pngs) == 4 and "heatmap_regime_noise_ratio_vs_signal_norm.png" in pngs
+    # four maps of the final metrics, and (dynamics recorded) the regime map over the steps
+    assert len(pngs) == 5 and "heatmap_regime_noise_ratio_vs_signal_norm.png" in pngs
+    assert "heatmap_regime_over_steps_noise_ratio_vs_signal_norm.png" in pngs
+
+
+def test_regime_maps_over_time_are_the_regimes_at_each_recorded_step(sweep, tmp_path):
+    dyn = pb.load(sweep, "dynamics")
+    fig, axs = P.regime_maps_over_time(dyn, "signal_norm", "noise_ratio")
+    steps = fig.regime_steps
+    assert steps[-1] == 40 and len(steps) <= 6 and steps == sorted(steps)
+    assert set(steps) <= set(dyn["step"].unique())
+    for ax, s in zip(axs.flat, steps):
+        assert ax.get_title() == f"step {s}"
+        expect = A.pivot(pb.aggregate(dyn, step=s), "signal_norm", "noise_ratio", "regime")
+        codes = np.asarray(ax.collections[0].get_array()).reshape(expect.shape)
+        got = np.array(ax.regime_categories, dtype=object)[codes.astype(int)]
+        assert (got == expect.to_numpy().astype(str)).all()
+    # one colour key for every panel
+    assert len({tuple(ax.regime_categories) for ax in axs.flat[:len(steps)]}) == 1
+    _png(fig, tmp_path / "steps.png")
+
+
+def test_boundary_trajectory_draws_a_line_per_slice(tmp_path):
+    rows = [{"step": s, "d": d, "boundary": 10.0 * d / s, "lo": 8.0 * d / s, "hi": 12.0 * d / s,
+             "status": "ok", "n_seeds": 10, "between": "benign/not_overfitting"}
+            for s in (10, 100, 1000) for d in (100, 200)]
+    fig, ax = P.boundary_trajectory(pd.DataFrame(rows), "signal_norm", "d")
+    assert len(ax.get_lines()) >= 2 and ax.get_xscale() == "log"
+    assert "benign / not overfitting over time" in ax.get_title()
+    _png(fig, tmp_path / "traj.png")
 
 
 def test_regime_map_colours_are_the_cell_regimes(sweep, tmp_path):

@@ -34,10 +34,15 @@ def test_benign_setting(tmp_path):
 
 def test_harmful_setting(tmp_path):
     df = sweep(tmp_path, "harmful", d=5000, signal_norm=5.0)
-    # measured: 19 or 20 of 20 seeds fit every label (one seed can leave one flipped label)
-    assert df["train_acc"].mean() >= 0.99 and (df["train_acc"] == 1.0).mean() >= 0.9
-    assert 0.84 <= df["test_acc"].mean() <= 0.92
-    assert (df["regime"] == "harmful").mean() >= 0.9
+    # Measured over root seeds 0-19 (20 seeds each, 400 runs): 4.75 % of runs leave exactly one
+    # flipped label, so at most 4 of 20 short fails 0.2 % of root seeds; the 20-seed mean test
+    # accuracy spans 0.886-0.895, so the window catches a 1.5-point bias either way.
+    assert df["train_acc_clean"].min() == 1.0 and df["train_acc"].min() >= 0.95
+    assert df["train_acc"].mean() >= 0.99 and (df["train_acc"] == 1.0).mean() >= 0.8
+    assert 0.875 <= df["test_acc"].mean() <= 0.905
+    # every run that fits every label is harmful, and no run is benign
+    assert ((df["regime"] == "harmful") == (df["train_acc"] == 1.0)).all()
+    assert (df["regime"] == "harmful").mean() >= 0.8
 
 
 @pytest.mark.slow  # W and p at d = 1000 on the paper's grid point: ~45 s; the engine is

@@ -112,8 +112,8 @@ def test_results_schema(tmp_path):
             "regime"} <= set(df.columns)
     # only the model's own settings: no Magen or encoder settings on a prompt-attention row
     assert not {"radius_v", "mlp_width", "query_lambda", "n_layers"} & set(df.columns)
-    assert list(df["regime"].cat.categories) == ["benign", "harmful", "not_overfitting",
-                                                 "diverged"]
+    assert list(df["regime"].cat.categories) == ["benign", "harmful", "not_overfitting", "fitting",
+                                                 "no_noise", "diverged"]
     assert df["regime"].cat.ordered
     assert df["run_id"].dtype == np.int64 and df["noisy_fit_step"].dtype == np.int64
     np.testing.assert_allclose(df["snr"], df["signal_norm"] / np.sqrt(df["d"]))
@@ -124,13 +124,18 @@ def test_results_schema(tmp_path):
 
 
 def test_regime_thresholds_from_the_sweep_file(tmp_path):
+    """The harmful reference setting (d 5000, ||mu|| 5: every label fitted, test accuracy ~0.89)
+    with test_eps = 0.5 from the file: benign, where the default 0.05 would say harmful."""
     f = tmp_path / "s.toml"
-    f.write_text('seeds = 2\n[settings]\nengine = "direct"\nd = 64\nsignal_norm = 3.0\n'
-                 'steps = 60\nlr = 0.05\n[regime]\ntest_eps = 0.5\n')
+    f.write_text('seeds = 4\n[settings]\nd = 5000\nsignal_norm = 5.0\n'
+                 '[regime]\ntest_eps = 0.5\n')
     df = run_sweep(load_sweep(f), tmp_path / "o", quiet=True, plots=False)
     assert (df["test_eps"] == 0.5).all()
     fits = df["train_acc"] >= 1
-    assert (df.loc[fits & (df["test_acc"] >= 0.5), "regime"] == "benign").all()
+    between = fits & (df["test_acc"] >= 0.5) & (df["test_acc"] < 0.95)
+    assert between.sum() >= 2  # the selection the threshold decides is not empty
+    assert (df.loc[between, "regime"] == "benign").all()
+    assert (df.loc[~fits, "regime"].isin(["not_overfitting", "fitting"])).all()
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,3 +337,20 @@ def test_dry_run_of_ten_million_runs_streams_in_bounded_memory(tmp_path):
     assert "10000000 runs in 1 compiled group" in p.stderr
     assert not (tmp_path / "o").exists()  # a dry run writes nothing
     assert int(p.stdout.split()[-1]) < 500 * 1024  # KiB
+
+
+def test_run_id_of_a_fixed_run_is_pinned():
+    """A run's id is its identity: it names its parts on disk, decides which runs a grown or
+    resumed sweep still has to do, and seeds its random key. These values were computed once
+    (prompt_attention with every default, ||mu|| = 10, seeds 0 and 1) and are hard-coded on
+    purpose: a change to the hashing (phasebo.config.run_ids, value_bits, _splitmix) or to the
+    identity settings of the model (a new one, or a changed default) changes every run's id and
+    numbers and orphans the runs of every existing results directory. If this fails, the change
+    must be deliberate: update the numbers and say so in the commit message."""
+    pinned = [3978004595962495337, 8327796549513603194]
+    as_axis = spec_from_dict({"model": "prompt_attention"}, {"signal_norm": [10.0]}, seeds=2)
+    assert S.spec_run_ids(as_axis).tolist() == pinned
+    # the same run as a fixed setting, on another engine, recording dynamics: the same id
+    fixed = spec_from_dict({"model": "prompt_attention", "signal_norm": 10.0, "engine": "direct",
+                            "record_every": 5}, seeds=2)
+    assert S.spec_run_ids(fixed).tolist() == pinned
