@@ -23,8 +23,13 @@ from phasebo.models.single_head import SingleHead
 from phasebo.registry import MODELS, all_settings
 from phasebo.sweep import run_one
 
-RNG = np.random.default_rng(0)
 N, T, D = 6, 3, 5
+
+
+def rng(seed):
+    """A fresh generator for each draw: what a test draws does not depend on which tests ran
+    before it in the worker (a module-level generator made the data depend on the order)."""
+    return np.random.default_rng(seed)
 
 
 def softmax(a):
@@ -90,14 +95,17 @@ def _params(model):
     return out
 
 
-def _data():
-    X = RNG.normal(size=(N, T, D))
-    y = np.where(RNG.random(N) < 0.5, 1.0, -1.0)
+def _data(seed=1):
+    g = rng(seed)
+    X = g.normal(size=(N, T, D))
+    y = np.where(g.random(N) < 0.5, 1.0, -1.0)
     return X, y
 
 
-def _models():
-    r = lambda *s: jnp.asarray(RNG.normal(size=s) * 0.7, jnp.float32)  # noqa: E731
+def _models(seed=0):
+    """The models with their parameters, the same on every call."""
+    g = rng(seed)
+    r = lambda *s: jnp.asarray(g.normal(size=s) * 0.7, jnp.float32)  # noqa: E731
     w = 7
     enc_p = dict(
         cls_token=r(D), Wq=r(D, D), Wk=r(D, D), Wv=r(D, D), ln1_g=1 + r(D), ln1_b=r(D),
@@ -120,6 +128,7 @@ def _models():
 @pytest.mark.parametrize("name,model,ref", _models(), ids=[m[0] for m in _models()])
 def test_forward_and_gradient_match_numpy(name, model, ref):
     X, y = _data()
+    directions = rng(2)
     f = np.asarray(model(jnp.asarray(X, jnp.float32))[0], np.float64)
     P = _params(model)
     np.testing.assert_allclose(f, ref(P, X), rtol=2e-4, atol=2e-4)
@@ -134,7 +143,7 @@ def test_forward_and_gradient_match_numpy(name, model, ref):
     gvec = flat(gP)
     eps = 1e-6
     for _ in range(3):  # directional derivatives by central differences of the NumPy forward
-        Dir = jax.tree.map(lambda a: RNG.normal(size=np.shape(a)), P)
+        Dir = jax.tree.map(lambda a: directions.normal(size=np.shape(a)), P)
         plus = jax.tree.map(lambda a, b: a + eps * b, P, Dir)
         minus = jax.tree.map(lambda a, b: a - eps * b, P, Dir)
         fd = (np_loss(ref(plus, X), y) - np_loss(ref(minus, X), y)) / (2 * eps)

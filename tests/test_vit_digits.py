@@ -19,11 +19,33 @@ SMALL = {"model": "vit_digits", "vit_width": 8, "vit_heads": 2, "vit_depth": 2,
          "pretrain_steps": 60, "n": 20, "n_test": 100, "steps": 30, "lr": 0.5}
 
 
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    """This module's cache of pretrained backbones: a fresh directory, so the first load of a
+    backbone in the module trains it."""
+    return tmp_path_factory.mktemp("vit-cache")
+
+
 @pytest.fixture(autouse=True)
-def cache(tmp_path_factory, monkeypatch):
-    d = tmp_path_factory.getbasetemp() / "vit-cache"
-    monkeypatch.setenv("PHASEBO_CACHE", str(d))
-    yield d
+def cache(cache_root, monkeypatch):
+    monkeypatch.setenv("PHASEBO_CACHE", str(cache_root))
+    yield cache_root
+
+
+@pytest.fixture(scope="module")
+def first_load(cache_root):
+    """The first load of SMALL's backbone in this module, done here (the tests that use the
+    backbone ask for this fixture) so that it trains and stores it whichever test runs first;
+    ``trained``: the pretrainings it ran, ``existed``: whether the weights were on disk before."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PHASEBO_CACHE", str(cache_root))
+        st = get_model("vit_digits").static_of(SMALL)
+        path = V.backbone_path(V.backbone_settings(st))
+        existed = path.with_suffix(".eqx").exists()
+        V.PRETRAINED.pop(str(path), None)
+        before = V.PRETRAIN_RUNS[0]
+        model = V.load_backbone(st, quiet=True)
+        return {"model": model, "trained": V.PRETRAIN_RUNS[0] - before, "existed": existed}
 
 
 def test_digits_ship_with_scikit_learn_and_split_disjointly():
@@ -37,18 +59,19 @@ def test_digits_ship_with_scikit_learn_and_split_disjointly():
     assert set(np.unique(y)) == {0, 1} and x.shape[1:] == (16, 4)
 
 
-def test_pretraining_is_deterministic_and_cached(cache):
+def test_pretraining_is_deterministic_and_cached(first_load):
     model = get_model("vit_digits")
     st = model.static_of(SMALL)
     cfg = V.backbone_settings(st)
-    V.PRETRAINED.clear()
-    before = V.PRETRAIN_RUNS[0]
-    first = V.load_backbone(st, quiet=True)  # trains and stores
-    assert V.PRETRAIN_RUNS[0] == before + 1
+    # the module's first load trained once and stored the weights (it ran before any other
+    # test could load the backbone: this test does not depend on which tests ran before it)
+    assert not first_load["existed"] and first_load["trained"] == 1
+    first = first_load["model"]
     assert V.backbone_path(cfg).with_suffix(".eqx").exists()
-    V.PRETRAINED.clear()  # as a new process: read from disk, no training
+    V.PRETRAINED.pop(str(V.backbone_path(cfg)))  # as a new process: read from disk, no training
+    before = V.PRETRAIN_RUNS[0]
     again = V.load_backbone(st, quiet=True)
-    assert V.PRETRAIN_RUNS[0] == before + 1
+    assert V.PRETRAIN_RUNS[0] == before
     fresh, rec = V.pretrain(cfg, quiet=True)  # deterministic: the same weights again
     for x, y, z in zip(jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(fresh)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -72,6 +95,7 @@ def test_label_noise_exact_count_and_never_the_true_class():
     assert counts.min() > 0.85 * counts.mean()
 
 
+@pytest.mark.usefixtures("first_load")  # the backbone trained by the fixture, not here
 def test_only_query_and_key_change_in_phase_two():
     model = get_model("vit_digits")
     settings = {**model_defaults(), **SMALL}
@@ -117,6 +141,7 @@ def model_defaults():
     return {k: s.default for k, s in get_model("vit_digits").settings.items()}
 
 
+@pytest.mark.usefixtures("first_load")
 def test_vmapped_sweep_equals_runs_one_at_a_time(tmp_path):
     spec = phasebo.spec_from_dict({**SMALL, "record_every": 10}, {"noise_ratio": [0.0, 0.2]},
                                   seeds=2, name="vit_small")

@@ -1,0 +1,376 @@
+"""The ``phasebo`` command end to end, as a user runs it: subprocesses, their exit codes and output.
+
+Every subprocess starts a fresh Python (about 3 s of imports on 2 cores), so the commands that
+compute nothing run side by side in one module fixture, and the sweeps share one tiny sweep file
+and one set of flags: one command (``refined``) runs the grid and a refinement round and is
+checked for the tables, ``--memory-budget``, float64, ``--format``/``--dpi`` and the refinement;
+``phasebo boundaries`` reads its round 0. Every sweep here compiles the same program (float64,
+block 1, chunk 4): the first compiles it, the others load it from the on-disk compilation cache
+(``$PHASEBO_CACHE``, set by conftest). Under pytest-xdist the module fixtures' commands run once
+per session, in whichever worker comes first (:func:`once`).
+"""
+
+import fcntl
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from phasebo import sweep as S
+from phasebo.config import load_sweep
+from phasebo.registry import ENGINES, MODELS, get_model
+
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
+
+# 2 (d) x 2 (||mu||) cells x 3 seeds; at d = 4000, ||mu|| = 5 is harmful and 40 benign, and every
+# run at d = 250 is not overfitting (no harmful/benign boundary: the "too_few" slice)
+TINY = """\
+name = "tiny"
+seeds = 3
+[settings]
+model = "prompt_attention"
+steps = 300
+n_test = 200
+[axes]
+d = [250, 4000]
+signal_norm = [5, 40]
+[plot]
+heatmaps = [{ x = "signal_norm", y = "d", value = "regime" }]
+"""
+CHUNK = 4
+
+
+def phasebo(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "phasebo", *map(str, args)], capture_output=True,
+                          text=True, env=kw.pop("env", ENV), timeout=timeout, **kw)
+
+
+def once(tmp_path_factory, name, make):
+    """``(directory, make(directory))``, where ``make`` runs processes in a fresh directory and
+    returns them (CompletedProcess objects, by name), once per test session: pytest-xdist's
+    workers share it (the first to come runs it, under a file lock; the others wait and read its
+    processes back), so a module whose tests are spread over two workers does not run its
+    fixtures' commands twice."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        d = tmp_path_factory.mktemp(name)
+        return d, make(d)
+    root = tmp_path_factory.getbasetemp().parent / f"shared-{name}"  # this session's, shared
+    with open(root.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = root / "processes.json"
+        if not saved.exists():
+            root.mkdir(exist_ok=True)
+            procs = make(root)
+            saved.write_text(json.dumps({k: [p.args, p.returncode, p.stdout, p.stderr]
+                                         for k, p in procs.items()}))
+    return root, {k: subprocess.CompletedProcess(*v)
+                  for k, v in json.loads(saved.read_text()).items()}
+
+
+def assert_clean(p, code=0):
+    assert p.returncode == code, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    assert "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    f = tmp_path_factory.mktemp("cli") / "tiny.toml"
+    f.write_text(TINY)
+    return f
+
+
+@pytest.fixture(scope="module")
+def flags(tiny_file):
+    """Flags every sweep here passes: float64, a chunk of 4 runs, the devices of this process (2,
+    from conftest's XLA_FLAGS, which the subprocesses inherit) and a memory budget of 1.5 runs per
+    device, which (the planner says, in this process) cuts the block to one run."""
+    spec = load_sweep(tiny_file, {"dtype": "float64"})
+    pl = S.plan(spec, chunk_size=CHUNK)
+    default = pl.groups[0]
+    budget_kib = math.ceil(pl.n_dev * 1.5 * default.bytes_per_run / 1024)
+    budgeted = S.plan(spec, chunk_size=CHUNK, memory_budget=budget_kib * 1024).groups[0]
+    assert default.block > budgeted.block == 1
+    return ["--set", "dtype=float64", "--chunk-size", CHUNK, "--devices", pl.n_dev,
+            "--memory-budget", f"{budget_kib}K"]
+
+
+@pytest.fixture(scope="module")
+def refined(tiny_file, flags, tmp_path_factory):
+    """The tiny sweep through ``phasebo sweep`` with a refinement round: round 0 (an ordinary
+    finished sweep, in ``round-0/``) is the grid, round 1 bisects the separated d = 4000 slice; the
+    boundary figure as PNG at 40 dpi and as SVG. ``(its output directory, the process)``."""
+
+    def make(d):
+        return {"sweep": phasebo("sweep", tiny_file, "--out", d / "refined", *flags, "--refine",
+                                 "harmful,benign", "--rounds", 1, "--target", 0.5, "--format",
+                                 "png,svg", "--dpi", 40)}
+
+    d, procs = once(tmp_path_factory, "refined", make)
+    return d / "refined", procs["sweep"]
+
+
+# --------------------------------------------------------------------------------------------
+# Commands that compute nothing: all started at once
+# --------------------------------------------------------------------------------------------
+
+QUICK = {
+    "no_args": [],
+    "unknown": ["frobnicate", "--x"],
+    "settings_model": ["settings", "prompt_attention"],
+    "models": ["models"],
+    "reference_help": ["reference", "--help"],
+    "pretrain_help": ["pretrain", "--help"],
+}
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """``{name: CompletedProcess}`` of the commands in QUICK, run side by side, and ``"cache"``:
+    their cache, an empty directory of their own (a command that trains or compiles would leave
+    something in it)."""
+
+    def make(d):
+        cache = d / "cache"
+        cache.mkdir()
+        env = {**ENV, "PHASEBO_CACHE": str(cache)}
+        procs = {k: subprocess.Popen([sys.executable, "-m", "phasebo", *a],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env, cwd=d)
+                 for k, a in QUICK.items()}
+        done = {}
+        for k, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            done[k] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return done
+
+    d, done = once(tmp_path_factory, "quick", make)
+    return {**done, "cache": d / "cache"}
+
+
+def test_no_arguments_prints_the_usage_and_exits_2(quick, capsys):
+    from phasebo.cli import COMMANDS, main
+
+    p = quick["no_args"]
+    assert_clean(p, 2)
+    assert p.stdout == "" and p.stderr.startswith("usage: phasebo COMMAND")  # an error: stderr
+    for cmd in COMMANDS:
+        assert re.search(rf"^  {cmd} +\S", p.stderr, re.M), cmd
+    assert main(["--help"]) == 0  # asked for, the same usage is not an error, on stdout
+    assert capsys.readouterr().out == p.stderr
+
+
+def test_unknown_command_is_an_error_without_traceback(quick):
+    p = quick["unknown"]
+    assert_clean(p, 2)
+    assert p.stdout == ""
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("phasebo: error: unknown command 'frobnicate';")
+    assert "commands: sweep, plot" in lines[0]
+
+
+def test_a_misspelt_command_gets_a_suggestion(capsys):
+    from phasebo.cli import main
+
+    assert main(["swep", "x.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("phasebo: error: unknown command 'swep' (did you mean 'sweep'?)")
+    assert main(["settings", "prompt_attention", "bogus"]) == 2
+    assert "unexpected argument 'bogus'" in capsys.readouterr().err
+
+
+def test_settings_of_a_model_lists_its_settings(quick):
+    p = quick["settings_model"]
+    assert_clean(p)
+    assert re.findall(r"^(\w+): ", p.stdout, re.M) == ["prompt_attention"]
+    model = get_model("prompt_attention")
+    kinds = "|".join({s.kind for s in model.settings.values()})
+    rows = re.findall(rf"^  (\S+) +({kinds}) +(\S+)", p.stdout, re.M)
+    assert [r[0] for r in rows] == list(model.settings)
+    table = {r[0]: (r[1], r[2]) for r in rows}
+    assert table["dtype"] == ("static", '"float32"')
+    assert table["n"] == ("static", "20") and table["train"][1] == "['p']"
+    assert table["signal_norm"] == ("swept", "20.0")
+    # the model's own settings only: a setting of single_head is not listed
+    assert "radius_v" in get_model("single_head").settings and "radius_v" not in table
+
+
+def test_settings_of_every_model_and_of_an_unknown_one(capsys):
+    """In this process (the command's wiring is tested above): every model's table in turn, and
+    an unknown model is one line and exit 2."""
+    from phasebo.cli import main
+
+    assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^(\w+): ", out, re.M) == list(MODELS)
+    assert main(["settings", "no_such_model"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and len(cap.err.strip().splitlines()) == 1
+    assert cap.err.startswith("phasebo settings: error: model = 'no_such_model' is not a known "
+                              "model") and "prompt_attention" in cap.err
+
+
+def test_models_lists_models_and_engines(quick):
+    p = quick["models"]
+    assert_clean(p)
+    for name, m in MODELS.items():
+        assert re.search(rf"^{name} +{re.escape(', '.join(m.engines))} ", p.stdout, re.M), name
+    for name, e in ENGINES.items():
+        assert re.search(rf"^{name} +{e.priority} ", p.stdout, re.M), name
+
+
+def test_reference_and_pretrain_help_run_nothing(quick):
+    r = quick["reference_help"]
+    assert_clean(r)
+    assert r.stdout.startswith("usage: phasebo reference")
+    assert "--seeds" in r.stdout and "--official-seeds" in r.stdout
+    p = quick["pretrain_help"]
+    assert_clean(p)
+    assert p.stdout.startswith("usage: phasebo pretrain")
+    for flag in ("--vit-width", "--vit-depth", "--vit-heads", "--pretrain-steps",
+                 "--pretrain-seed"):
+        assert flag in p.stdout
+    assert r.stderr == p.stderr == ""
+    # nothing was pretrained (or compiled) into the commands' cache
+    assert not any(quick["cache"].rglob("*"))
+
+
+# --------------------------------------------------------------------------------------------
+# Sweeps
+# --------------------------------------------------------------------------------------------
+
+
+def test_sweep_command_runs_the_grid_then_the_refinement(refined):
+    """--refine/--rounds/--target on a file without a [refine] block: the flags reach the
+    refinement; round 1 bisects the separated slice (||mu|| = sqrt(5 * 40) at d = 4000), and
+    --rounds 1 stops there."""
+    out, p = refined
+    assert_clean(p)
+    grid = pd.read_parquet(out / "round-0" / "results.parquet")
+    assert len(grid) == 12 and (grid["status"] == "ok").all()
+    assert set(grid["d"]) == {250, 4000} and set(grid["signal_norm"]) == {5.0, 40.0}
+    assert len(pd.read_csv(out / "round-0" / "results.csv")) == 12
+    assert "tiny: 12 new runs (12 in the table)" in p.stderr
+    log = json.loads((out / "refine.json").read_text())
+    assert log["refinement"]["between"] == ["harmful", "benign"]
+    assert (log["refinement"]["rounds"], log["refinement"]["target"]) == (1, 0.5)
+    assert (log["refinement"]["x"], log["refinement"]["y"]) == ("signal_norm", "d")
+    assert [r["runs"] for r in log["rounds"]] == [12, 3]
+    df = pd.read_parquet(out / "results.parquet")
+    assert df.groupby("round").size().to_dict() == {0: 12, 1: 3}
+    new = df[df["round"] == 1]
+    assert set(new["d"]) == {4000}, grid[["d", "signal_norm", "regime"]]
+    assert new["signal_norm"].to_numpy() == pytest.approx(np.full(3, math.sqrt(200)), rel=1e-9)
+    assert len(pd.read_parquet(out / "round-1" / "results.parquet")) == 3
+    assert not (out / "round-2").exists()
+    assert pd.read_csv(out / "boundaries.csv")["d"].tolist() == [250, 4000]
+
+
+def test_memory_budget_sets_the_block(refined, flags):
+    """The budget of the shared flags is 1.5 runs per device: both rounds ran blocks of one run
+    (and the same chunk shape: one compiled program)."""
+    _, p = refined
+    assert_clean(p)
+    n_dev = flags[flags.index("--devices") + 1]
+    for runs in (12, 3):
+        assert re.search(rf"\b{runs} runs, block 1 x {n_dev} device\(s\), chunk 4\b",
+                         p.stderr), p.stderr
+
+
+def test_float64_through_the_command_line(refined):
+    out, p = refined
+    assert_clean(p)
+    for r in (0, 1):
+        manifest = json.loads((out / f"round-{r}" / "manifest.json").read_text())
+        assert manifest["spec"]["fixed"]["dtype"] == "float64"
+    df = pd.read_parquet(out / "results.parquet")
+    assert (df["dtype"] == "float64").all()
+    # numbers computed in float64, not float32 widened: float32 cannot hold them
+    for col in ("train_loss", "test_loss", "p_norm"):
+        v = df[col].to_numpy(np.float64)
+        assert (v.astype(np.float32).astype(np.float64) != v).all(), col
+
+
+def test_figure_formats_and_dpi(refined):
+    from PIL import Image
+
+    out, p = refined
+    assert_clean(p)
+    stem = out / "boundary_harmful_benign"
+    svg = stem.with_suffix(".svg").read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    with Image.open(stem.with_suffix(".png")) as im:
+        dpi, size = im.info["dpi"], im.size
+    assert dpi == pytest.approx((40, 40), abs=0.1)
+    assert max(size) < 500, size  # at the default 150 dpi the figure is > 900 pixels wide
+    assert not list(out.glob("*.pdf"))
+
+
+def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
+    out, p = refined
+    assert_clean(p)
+    grid = out / "round-0"
+    q = phasebo("boundaries", grid, "--x", "signal_norm", "--y", "d", "--between",
+                "harmful,benign", "--boot", 20, "--out", tmp_path)
+    assert_clean(q)
+    b = pd.read_csv(tmp_path / "boundaries_harmful_benign.csv")
+    assert b["d"].tolist() == [250, 4000]
+    assert b["status"].tolist() == ["too_few", "separated"], b
+    # separated: the boundary is the geometric midpoint of the two sampled values
+    assert b["boundary"].iloc[1] == pytest.approx(math.sqrt(5 * 40), rel=1e-6)
+    assert pd.read_parquet(tmp_path / "boundaries_harmful_benign.parquet").shape[0] == 2
+    assert (tmp_path / "boundary_harmful_benign.png").stat().st_size > 5000
+    assert f"table: {tmp_path / 'boundaries_harmful_benign.csv'}" in q.stdout
+    assert "separated 1" in q.stdout
+    assert not list(grid.glob("boundar*"))  # --out: nothing written beside the sweep
+
+
+def test_ctrl_c_exits_130_without_traceback(tiny_file, flags, tmp_path):
+    """SIGINT once the sweep is computing (a run done, per the progress bar): exit 130, a
+    one-line note on stderr, the finished chunks kept as parts, no assembled tables."""
+    out = tmp_path / "big"
+    proc = subprocess.Popen([sys.executable, "-m", "phasebo", "sweep", str(tiny_file), "--out",
+                             str(out), *map(str, flags), "--seeds", "500", "--no-plots"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    err = bytearray()
+
+    def drain():
+        while chunk := proc.stderr.read1(4096):
+            err.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        started = re.compile(rb"\b[1-9]\d*/2000 \[")  # the bar counts finished runs
+        while not started.search(err):
+            assert proc.poll() is None, f"exit {proc.returncode} before any run:\n{err.decode()}"
+            assert time.monotonic() < deadline, "the sweep did not start computing\n" + err.decode()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=30)  # about a second when the interrupt stops it
+        except subprocess.TimeoutExpired:
+            code = None  # the interrupt was lost: the sweep runs on
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        proc.stderr.close()
+    text = err.decode()
+    assert code is not None, f"still running 30 s after SIGINT:\n{text}"
+    assert code == 130, f"exit {code} after SIGINT:\n{text}"
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert "interrupted: finished chunks are saved under" in text
+    parts = list((out / "parts").glob("results-*.parquet"))
+    assert 1 <= len(parts) < 500
+    assert not (out / "results.parquet").exists()
