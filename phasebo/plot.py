@@ -1002,12 +1002,41 @@ def representative_cells(runs: pd.DataFrame, axes: Sequence[str]) -> list[tuple[
     return out
 
 
+def step_figures(results_dir, step, out_dir=None, formats=("png",), dpi=150) -> list[Path]:
+    """The maps (or line plots) of a sweep at one recorded step: the regime and the recorded
+    metrics of :data:`MAP_VALUES` from ``dynamics.parquet`` (``step``: an int or ``"last"``),
+    named ``..._step<S>``."""
+    results_dir = Path(results_dir)
+    out = Path(out_dir) if out_dir is not None else results_dir / "figures"
+    dyn = A.at_step(A.load(results_dir, "dynamics"), step)
+    axes = sorted(A.cell_axes(dyn), key=lambda a: -dyn[a].nunique())
+    axes = [a for a in axes if a not in ("engine", "model")] or axes
+    tag = f"step{step}"
+    paths: list[Path] = []
+    if len(axes) >= 2:
+        x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
+        where = {a: dyn[a].iloc[0] for a in axes if a not in (x, y)} or None
+        for v in MAP_VALUES:
+            if v != "regime" and v not in dyn.columns:
+                continue
+            fig, ax = _map(dyn, {"x": x, "y": y, "value": v, "where": where})
+            ax.set_title(f"{ax.get_title()} — step {step}", fontsize=10)
+            paths += save(fig, out / f"map_{v}_{y}_vs_{x}_{tag}", formats, dpi)
+    elif len(axes) == 1:
+        for v in ("test_acc", "train_acc", "test_loss"):
+            fig, ax = line_plot(dyn, axes[0], v)
+            ax.set_title(f"{ax.get_title()} — step {step}", fontsize=10)
+            paths += save(fig, out / f"line_{v}_vs_{axes[0]}_{tag}", formats, dpi)
+    return paths
+
+
 def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> list[Path]:
     """Every standard figure a finished sweep's tables allow, in ``out_dir`` (default
     ``RESULTS_DIR/figures``): maps of :data:`MAP_VALUES` over the two longest axes (line plots for
     one axis), the 𝔖-ratio curves when ``noise_ratio`` is an axis, the Fig. 1 token projections of
-    a ``constructed_query`` sweep, and, with recorded dynamics, the attention / 𝔖 / gap dynamics of
-    one representative cell per regime and the accuracy dynamics of those cells."""
+    a ``constructed_query`` sweep, and, with recorded dynamics, the regime map at log-spaced
+    recorded steps, the attention / 𝔖 / gap dynamics of one representative cell per regime and
+    the accuracy dynamics of those cells (of every cell when there are at most six)."""
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir / "figures"
     runs = A.load(results_dir)
@@ -1078,6 +1107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where to write figures (default: RESULTS_DIR/figures)")
     p.add_argument("--format", default="png", help="png, pdf, svg or a comma list")
     p.add_argument("--dpi", type=int, default=150)
+    p.add_argument("--step", default=None,
+                   help="draw the maps at this recorded step (or 'last') from dynamics.parquet "
+                        "instead of the standard figures at each run's horizon")
     return p
 
 
@@ -1093,8 +1125,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if not Path(args.results_dir).exists():
             raise ConfigError(f"{args.results_dir} does not exist; fix: give a sweep's --out "
                               "directory")
-        paths = standard_figures(args.results_dir, args.out, formats, args.dpi)
-    except ConfigError as e:
+        if args.step is not None:
+            step = args.step if args.step == "last" else int(args.step) \
+                if args.step.isdigit() else None
+            if step is None:
+                raise ConfigError(f"--step {args.step!r}: give a recorded step or 'last'")
+            paths = step_figures(args.results_dir, step, args.out, formats, args.dpi)
+        else:
+            paths = standard_figures(args.results_dir, args.out, formats, args.dpi)
+    except (ConfigError, ValueError) as e:
         print(f"phasebo.plot: error: {e}", file=sys.stderr)
         return 2
     for path in paths:

@@ -226,3 +226,19 @@ def test_one_axis_sweeps_get_line_plots_with_se_bands(tmp_path):
     assert len(ax.get_lines()) == 1 and len(ax.collections) == 1  # the mean and its SE band
     assert "3 seeds" in ax.get_title()
     _png(fig, tmp_path / "line.png")
+
+
+def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):
+    dyn = pb.load(sweep, "dynamics")
+    step = int(sorted(dyn["step"].unique())[5])
+    assert P.main([str(sweep), "--step", str(step), "--out", str(tmp_path)]) == 0
+    names = {p.name for p in tmp_path.glob("*.png")}
+    assert f"map_regime_noise_ratio_vs_signal_norm_step{step}.png" in names
+    dyn = pb.at_step(dyn, step)
+    fig, ax = P._map(dyn, {"x": "signal_norm", "y": "noise_ratio", "value": "regime"})
+    expect = A.pivot(pb.aggregate(dyn), "signal_norm", "noise_ratio", "regime")
+    codes = np.asarray(ax.collections[0].get_array()).reshape(expect.shape).astype(int)
+    assert (np.array(ax.regime_categories, dtype=object)[codes] == expect.to_numpy()).all()
+    P.plt.close(fig)
+    assert P.main([str(sweep), "--step", "41", "--out", str(tmp_path)]) == 2
+    assert "step = 41 was not recorded" in capsys.readouterr().err
