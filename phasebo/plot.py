@@ -315,14 +315,16 @@ def regime_colorbar(fig, mesh, cats: Sequence[str], ax, cax=None):
     return cb
 
 
-def log_spaced_steps(steps, k: int = 6) -> list[int]:
-    """Up to ``k`` of the recorded ``steps``, about evenly spaced in log step, the last always
-    among them (step 0 only when it is the only one)."""
+def log_spaced_steps(steps, k: int = 4, decades: float = 2.0) -> list[int]:
+    """Up to ``k`` of the recorded ``steps``, about evenly spaced in log step over the last
+    ``decades`` decades before the horizon, the horizon always among them (step 0 only when it is
+    the only one)."""
     have = np.unique(np.asarray(steps, np.int64))
     pos = have[have >= 1]
     if len(pos) == 0:
         return have.tolist()
-    want = np.geomspace(pos[0], pos[-1], min(k, len(pos)))
+    lo = max(float(pos[0]), float(pos[-1]) / 10**decades)
+    want = np.geomspace(lo, pos[-1], min(k, len(pos)))
     pick = {int(pos[np.argmin(np.abs(np.log(pos) - np.log(w)))]) for w in want}
     return sorted(pick | {int(pos[-1])})
 
@@ -334,28 +336,29 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     :func:`phasebo.regimes.regimes_over_time`), one shared colour key.
 
     ``dyn``: a dynamics table with its settings (``pb.load(path, "dynamics")``); ``steps``:
-    the recorded steps to draw (default: up to six, log-spaced, the horizon last).
+    the recorded steps to draw (default: four, log-spaced over the two decades before the
+    horizon, the horizon last).
     """
     dyn = A.select(dyn, where)
-    steps = log_spaced_steps(dyn["step"], 6) if steps is None else list(steps)
-    cells = {}
-    for s in steps:  # regime fractions only: a dynamics table has dozens of metric columns
-        one = A.at_step(dyn, s)
-        others = A.other_axes(one, x, y)
-        if others:
-            raise ValueError(f"{others[0]} varies besides {x} and {y}; fix: where = "
-                             f"{{ {others[0]} = value }} to draw one slice")
-        cells[s] = A.aggregate(one, by=[x, y], metrics=["test_acc"])
+    steps = log_spaced_steps(dyn["step"]) if steps is None else list(steps)
+    sel = A.at_step(dyn, steps)
+    others = A.other_axes(sel, x, y)
+    if others:
+        raise ValueError(f"{others[0]} varies besides {x} and {y}; fix: where = "
+                         f"{{ {others[0]} = value }} to draw one slice")
+    # one aggregate for every panel (the step is a cell key), regime fractions only
+    agg = A.aggregate(sel, by=[x, y], metrics=["test_acc"])
+    cells = {s: agg[agg["step"] == s] for s in steps}
     cats = present_regimes(np.concatenate([c["regime"].astype(str).to_numpy()
                                            for c in cells.values()]))
-    ncols = max(1, min(ncols, len(steps)))
+    ncols = max(1, min(ncols, len(steps), 2 if len(steps) == 4 else ncols))
     nrows = -(-len(steps) // ncols)
     # a fixed grid, no layout engine: constrained layout measured every tick label of every
     # panel and doubled the drawing time of the README's sweep
-    height = 3.5 * nrows + 0.6
-    fig, axs = plt.subplots(nrows, ncols, figsize=(3.9 * ncols + 1.6, height), squeeze=False)
-    fig.subplots_adjust(left=0.07, right=0.86, bottom=0.7 / height, top=1 - 0.6 / height,
-                        wspace=0.3, hspace=0.45)
+    height, width = 3.5 * nrows + 0.6, 3.9 * ncols + 2.6  # 2 in on the right for the key
+    fig, axs = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(left=0.75 / width, right=1 - 2.3 / width, bottom=0.7 / height,
+                        top=1 - 0.6 / height, wspace=0.3, hspace=0.45)
     for ax, s in zip(axs.flat, steps):
         regime_map(cells[s], x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
                    title=f"step {s}")
@@ -364,7 +367,7 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     for ax in axs.flat[len(steps):]:
         ax.set_visible(False)
     regime_colorbar(fig, axs.flat[0].collections[0], cats, None,
-                    cax=fig.add_axes((0.88, 0.15, 0.022, 0.7)))
+                    cax=fig.add_axes((1 - 2.0 / width, 0.15, 0.2 / width, 0.7)))
     seeds = _seed_text(next(iter(cells.values())))
     fig.suptitle(title or f"regime at recorded steps ({seeds})", fontsize=11)
     fig.regime_steps = steps  # for tests and callers
