@@ -194,7 +194,11 @@ S2_SETTINGS = {  # Sakamoto & Sato's Figs. 3-5: harmful, benign, not overfitting
     "not_overfitting": {"d": 1000, "signal_norm": 100.0},
 }
 METRICS = ("train_acc", "test_acc", "test_loss")
-SHORT = {"steps": 120, "n_test": 400}  # the default suite's reduced size (200 seeds)
+# The default suite's reduced size (200 seeds): 300 steps, where the benign setting's flipped
+# labels are being fitted (train accuracy 0.8 -> 1 by ~300), and continuous metrics only, each
+# asserted to vary across seeds, so that no comparison is between two constants.
+SHORT = {"steps": 300, "n_test": 400}
+SHORT_METRICS = ("train_loss", "test_loss", "margin", "train_acc_noisy")
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +209,7 @@ def s2_short(tmp_path_factory):
     with xla_optimised():  # large direct runs: running, not compiling, is the cost here
         for name, s in S2_SETTINGS.items():
             tmp = tmp_path_factory.mktemp(name)
-            out[name] = tuple(_sweep_finals({**s, **SHORT}, e, 200, tmp, METRICS)
+            out[name] = tuple(_sweep_finals({**s, **SHORT}, e, 200, tmp, SHORT_METRICS)
                               for e in ("direct", "reduced"))
     return out
 
@@ -213,7 +217,8 @@ def s2_short(tmp_path_factory):
 @pytest.mark.parametrize("setting", list(S2_SETTINGS))
 def test_reduced_matches_direct_distribution_short(setting, s2_short):
     a, b = s2_short[setting]
-    for m in METRICS:
+    for m in SHORT_METRICS:
+        assert np.ptp(a[m]) > 0 and np.ptp(b[m]) > 0, f"{setting} {m} is constant"
         _assert_same_distribution(a[m], b[m], f"{setting} {m}")
 
 
@@ -227,10 +232,10 @@ def test_distribution_check_detects_a_wrong_wishart(s2_short, tmp_path, monkeypa
     monkeypatch.setattr(data, "bartlett_factor", wrong)
     # n_test 401: a new static group, so the mutated engine is compiled afresh
     b = _sweep_finals({**S2_SETTINGS["benign"], **SHORT, "n_test": 401}, "reduced", 200,
-                      tmp_path, METRICS)
+                      tmp_path, SHORT_METRICS)
     a = s2_short["benign"][0]
     with pytest.raises(AssertionError):
-        for m in METRICS:
+        for m in SHORT_METRICS:
             _assert_same_distribution(a[m], b[m], m)
 
 
