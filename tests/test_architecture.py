@@ -7,6 +7,7 @@ from pathlib import Path
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 import pytest
 
@@ -16,7 +17,7 @@ from phasebo.data import SAKAMOTO, sakamoto_roles, sakamoto_sample
 from phasebo.metrics import vec_metrics
 from phasebo.models.base import Model
 from phasebo.settings import ConfigError
-from phasebo.sweep import run_one, run_sweep
+from phasebo.sweep import prepare_one, run_one, run_sweep
 from phasebo.train import dtype_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,22 +155,33 @@ BASE = {
     "single_head": dict(d=40, n=8, steps=4, n_test=40, signal_norm=3.0, lr=0.2),
     "self_attention": dict(d=16, n=8, steps=4, n_test=40, signal_norm=3.0, lr=0.2),
     "multi_layer": dict(d=12, n=8, steps=3, n_test=20, n_layers=2, signal_norm=3.0, lr=0.2),
-    "encoder": dict(d=12, n=6, T=4, steps=3, n_test=10, mlp_width=6, signal_norm=3.0, lr=0.1),
+    # n = 8: with n = 6 the fraction mode flips floor(ceil(6 r) / 2) = 1 label per class for both
+    # r = 0.2 and r = 0.5, so the noise_ratio perturbation below would change nothing
+    "encoder": dict(d=12, n=8, T=4, steps=3, n_test=10, mlp_width=6, signal_norm=3.0, lr=0.1),
     "constructed_query": dict(d=40, n=8, T=4, n_test=20, signal_norm=3.0),
 }
-# (base additions, perturbed value) where the plain default +/- a step would not do
+# (base additions, perturbed value) where the plain default +/- a step would not do; a value
+# that is the model's default already (label_noise = "bernoulli" on Magen et al.'s data) falls
+# back to the generic perturbation, with the base additions. label_noise on both sides with
+# r = 0.5: at a default r = 0.05 and n = 8 neither mode flips a label here.
 PERTURB = {
-    "noise_ratio": ({}, 0.5), "label_noise": ({}, "bernoulli"), "label_mode": ({}, "iid"),
+    "noise_ratio": ({}, 0.5), "label_noise": ({"noise_ratio": 0.5}, "bernoulli"),
+    "label_mode": ({}, "iid"),
     "init_scale": ({"init": "gaussian", "init_scale": 0.01}, 0.05),
     "radius_p": ({"project": True, "radius_p": 1e-3}, 2e-3),
     "radius_v": ({"project": True, "radius_v": 1e-3}, 2e-3),
-    "project": ({"radius_p": 1e-3}, True), "weight_decay": ({}, 0.3),
+    "project": ({}, True), "weight_decay": ({}, 0.3),
     "track": ({"record_every": 2}, (0, 1)), "record_every": ({}, 2), "record_log": ({}, 3),
     "train": ({}, ("p", "W")), "dtype": ({}, "float64"), "W_init": ({}, "random"),
     "test_mode": ({}, "sampled"), "init": ({}, "gaussian"), "n_relevant": ({}, 2),
-    "noise_mode": ({}, None), "signal_noise": ({}, True), "residual": ({}, False),
+    "noise_mode": ({}, None), "residual": ({}, False),
+    # self_attention refuses a projected test set with a noisy (random) query
+    "signal_noise": ({"test_mode": "sampled"}, True),
     "query_lambda": ({}, 0.5),
 }
+# additions to the perturbed side only: the settings a perturbation needs to show, which the
+# base may not carry (radius_p without project = true is refused as having no effect)
+PERTURB_WITH = {"project": {"radius_p": 1e-3, "radius_v": 1e-3}}
 # Settings that by design do not change a run's numbers; each is checked elsewhere.
 NO_NUMBERS = {
     "model": "which model (this whole test is per model)",
@@ -177,6 +189,10 @@ NO_NUMBERS = {
     "test_eps": "a host-side regime threshold (tests/test_sweep.py, regime thresholds)",
     "train_acc_fit": "a host-side regime threshold (tests/test_sweep.py, regime thresholds)",
 }
+# Both sides of a comparison run with this key: a run's own key derives from its id, which every
+# identity setting changes, so with it any setting would "change the run", used or ignored. (A
+# setting of kind "key", root_seed, acts only through that key: it is compared with its own.)
+KEY = jr.PRNGKey(0)
 
 
 def _flat(out):
@@ -184,8 +200,24 @@ def _flat(out):
             for k, v in getattr(out, part).items()}
 
 
-def _differs(a, b) -> bool:
-    fa, fb = _flat(a), _flat(b)
+def _run(settings, own_key=False):
+    """What a run computes: every output array, with the fixed key (or the run's own)."""
+    return _flat(run_one(settings, key=None if own_key else KEY))
+
+
+def _program(settings):
+    """What a run would compute, traced but not compiled (a trace costs ~0.3 s, an XLA compile
+    ~2-5 s): the program's jaxpr and constants and the values it is fed, with the fixed key. A
+    static setting the model ignores leaves all three unchanged."""
+    model, engine, program, sw, _ = prepare_one(settings, key=KEY)
+    closed = jax.make_jaxpr(lambda s, k: engine.run(model, program, s, k))(sw, KEY)
+    out = {f"const/{i}": np.asarray(c) for i, c in enumerate(closed.consts)}
+    out.update({f"input/{k}": np.asarray(v) for k, v in sw.items()})
+    out["jaxpr"] = np.frombuffer(str(closed.jaxpr).encode(), np.uint8)
+    return out
+
+
+def _differs(fa, fb) -> bool:
     if set(fa) != set(fb):
         return True
     return any(fa[k].shape != fb[k].shape or not np.array_equal(fa[k], fb[k], equal_nan=True)
@@ -193,39 +225,48 @@ def _differs(a, b) -> bool:
 
 
 def _perturbed(s, value):
-    if s.name in PERTURB:
-        extra, v = PERTURB[s.name]
-        if v is not None:
-            return extra, v
+    extra, v = PERTURB.get(s.name, ({}, None))
+    if v is not None and v != value:
+        return extra, v
     if s.choices:
-        return {}, next(c for c in s.choices if c != s.default)
+        return extra, next(c for c in s.choices if c != value)
     if s.type is bool:
-        return {}, not s.default
+        return extra, not value
     if s.type is int:
-        return {}, value + 1
+        return extra, value + 1
     if s.type is float:
-        return {}, value * 1.5 if value else 0.1
+        return extra, value * 1.5 if value else 0.1
     raise AssertionError(f"no perturbation for {s.name}")
 
 
-def _walk(model_name, kinds):
+def _walk(model_name, kinds, observe=_run, skip=frozenset()):
+    """Perturb each setting of ``kinds`` (but those in ``skip``) in turn from ``BASE`` and assert
+    that ``observe`` sees a difference; returns the names checked."""
     model = phasebo.MODELS[model_name]
     base = {"model": model_name, "engine": "direct", **BASE[model_name]}
-    checked = 0
+    seen: dict = {}
+
+    def look(settings, kind):
+        k = (kind == "key", repr(sorted(settings.items())))
+        if k not in seen:
+            seen[k] = _run(settings, own_key=True) if kind == "key" else observe(settings)
+        return seen[k]
+
+    checked = []
     for name, s in model.settings.items():
         if name in NO_NUMBERS:
             assert not s.identity or name == "model", name
             continue
-        if s.kind not in kinds:
+        if s.kind not in kinds or name in skip:
             continue
         extra, new = _perturbed(s, base.get(name, s.default))
-        b = {**base, **extra}
+        b = {**base, **{k: v for k, v in extra.items() if k in model.settings}}
         if s.requires:  # both sides with the setting it needs (else it is refused: below)
             b.setdefault(*s.requires)
-        a = run_one(b)
-        c = run_one({**b, name: new})
-        assert _differs(a, c), f"{model_name}: {name} = {new!r} changed nothing"
-        checked += 1
+        with_ = {k: v for k, v in PERTURB_WITH.get(name, {}).items() if k in model.settings}
+        c = look({**b, name: new, **with_}, s.kind)
+        assert _differs(look(b, s.kind), c), f"{model_name}: {name} = {new!r} changed nothing"
+        checked.append(name)
     return checked
 
 
@@ -233,13 +274,40 @@ def _walk(model_name, kinds):
 @pytest.mark.parametrize("model", [m if m in ("prompt_attention", "single_head") else
                                    pytest.param(m, marks=pytest.mark.slow) for m in BASE])
 def test_every_swept_setting_changes_the_run(model):
-    assert _walk(model, ("swept", "key")) >= 2
+    assert len(_walk(model, ("swept", "key"))) >= 2
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(BASE))
 def test_every_static_setting_changes_the_run(model, x64):
-    assert _walk(model, ("static",)) >= 3
+    assert len(_walk(model, ("static",))) >= 3
+
+
+def _static_names(model_name):
+    return {n for n, s in phasebo.MODELS[model_name].settings.items()
+            if s.kind == "static" and n not in NO_NUMBERS}
+
+
+# every static setting of the models above: all of prompt_attention's and single_head's (Sakamoto's
+# and Magen et al.'s data), then the few only multi_layer (its depth) and encoder (its MLP) have
+STATIC_TOUR = ("prompt_attention", "single_head", "multi_layer", "encoder")
+
+
+def test_every_static_setting_changes_the_traced_program(x64):
+    """The default-suite version of the walk above, without compiling: each static setting of
+    prompt_attention and single_head, and the few that only multi_layer and encoder have,
+    changes the traced program, its constants or its inputs (an ignored setting changes none).
+    The compiled runs and their numbers, per model, are test_every_static_setting_changes_the_run
+    (-m slow)."""
+    base = {"model": "prompt_attention", "engine": "direct", **BASE["prompt_attention"]}
+    assert not _differs(_program(base), _program(base))  # a trace is reproducible, so ...
+    done: set = set()
+    for i, model in enumerate(STATIC_TOUR):  # ... a difference is the setting's
+        names = _walk(model, ("static",), observe=_program, skip=done if i >= 2 else set())
+        assert len(names) >= 1, model
+        done |= set(names)
+    every = set().union(*(_static_names(m) for m in BASE))  # the models this walk covers
+    assert done == every, f"static settings no model of the tour walks: {sorted(every - done)}"
 
 
 def test_settings_without_effect_are_refused():

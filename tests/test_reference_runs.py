@@ -36,13 +36,25 @@ def _x64(x64_module):  # every run here is float64
     yield
 
 
-# By default a case per model and engine in float64 with its first key (the strictest check,
-# one compile each); float32, the other keys and the other cases with -m slow.
-DEFAULT = {"pa_gram", "pa_reduced", "pa_W_direct", "sh_direct", "sh_wd_reduced", "sa_direct",
-           "cq_direct"}  # one per model and per engine; the rest with -m slow
-CASES = [pytest.param(c, dt, seeds, marks=() if dt == "float64" and seeds == "first" and
-                      c in DEFAULT else pytest.mark.slow, id=f"{c}-{dt}-{seeds}")
+# By default, with the first key (one compile each): in float64 (the strictest check) a case per
+# model and per engine, and in float32 a case per engine; the other keys and cases with -m slow.
+DEFAULT = {
+    "float64": {"pa_gram", "pa_reduced", "pa_W_direct", "sh_direct", "sh_wd_reduced", "sa_direct",
+                "ml_direct", "enc_direct", "cq_direct"},  # every model, every engine
+    "float32": {"pa_W_direct", "pa_gram", "pa_reduced"},  # direct, gram, reduced
+}
+CASES = [pytest.param(c, dt, seeds, marks=() if seeds == "first" and c in DEFAULT[dt] else
+                      pytest.mark.slow, id=f"{c}-{dt}-{seeds}")
          for c in META["cases"] for dt in META["dtypes"] for seeds in ("first", "rest")]
+
+
+def test_the_default_cases_cover_every_model_and_engine():
+    """The default set keeps a float64 case of every model and of every engine, and a float32
+    case of every engine, as the stored cases grow."""
+    models = {dt: {META["cases"][c]["model"] for c in cs} for dt, cs in DEFAULT.items()}
+    engines = {dt: {META["cases"][c]["engine"] for c in cs} for dt, cs in DEFAULT.items()}
+    assert models["float64"] == {v["model"] for v in META["cases"].values()}
+    assert engines["float64"] == engines["float32"] == {v["engine"] for v in META["cases"].values()}
 
 
 @pytest.mark.parametrize("case,dtype,seeds", CASES)

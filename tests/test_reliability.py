@@ -257,6 +257,47 @@ def test_growing_an_axis_reordering_axes_and_splitting_files_keep_every_run(tmp_
     assert more["signal_norm"].tolist()[:9] == [3.0] * 3 + [30.0] * 3 + [10.0] * 3
 
 
+# The toy version for the default suite: both axes swept, so every sweep below is one compile
+# group (one program, compiled once) whose runs sit at other positions of its blocks and chunks in
+# each sweep; one seed, 4 steps. The test above (-m slow) grows and splits along a static axis.
+TOY_GROW = dict(engine="reduced", d=40, steps=4, n_test=20)
+
+
+def _toy_spec(lrs=(0.05, 0.2), mus=(3.0, 30.0), order=("lr", "signal_norm")):
+    axes = {"lr": list(lrs), "signal_norm": list(mus)}
+    return spec_from_dict(TOY_GROW, {k: axes[k] for k in order}, seeds=1, name="grow")
+
+
+def test_a_grown_reordered_or_split_toy_grid_keeps_every_runs_id_and_numbers(tmp_path):
+    out = tmp_path / "a"
+    base = run_sweep(_toy_spec(), out, quiet=True, plots=False)
+    before = {p.name for p in (out / "parts").glob("results-*")}
+    more = run_sweep(_toy_spec(mus=(3.0, 30.0, 10.0)), out, quiet=True, plots=False)
+    new_rows = sum(len(pd.read_parquet(p)) for p in (out / "parts").glob("results-*")
+                   if p.name not in before)
+    assert len(more) == 6 and new_rows == 2  # only the new column of cells ran
+    swapped = run_sweep(_toy_spec(order=("signal_norm", "lr")), tmp_path / "b", quiet=True,
+                        plots=False)
+    half = run_sweep(_toy_spec(lrs=(0.2,)), tmp_path / "c", quiet=True, plots=False)
+    assert len(S.plan(_toy_spec(), n_devices=1).groups) == 1
+    numbers = [c for c in base.columns if pd.api.types.is_numeric_dtype(base[c])]
+    assert {"test_loss", "train_loss", "p_norm", "margin", "test_acc"} <= set(numbers)
+    for other, n in ((more, 4), (swapped, 4), (half, 2)):
+        m = base.merge(other, on="run_id", suffixes=("", "_o"))
+        assert len(m) == n  # the same runs under the same ids
+        for c in base.columns:
+            if c == "run_id":
+                continue
+            if c in numbers:  # bit for bit, NaN where NaN
+                np.testing.assert_array_equal(m[c].to_numpy(), m[f"{c}_o"].to_numpy(),
+                                              err_msg=c)
+            else:
+                assert (m[c].astype(str) == m[f"{c}_o"].astype(str)).all(), c
+    # each table keeps its file's order: lr, then signal_norm in the order given
+    assert more["signal_norm"].tolist() == [3.0, 30.0, 10.0] * 2
+    assert swapped["signal_norm"].tolist() == [3.0, 3.0, 30.0, 30.0]
+
+
 def test_a_changed_fixed_setting_is_refused_not_mixed(tmp_path):
     run_sweep(_grow_spec(2), tmp_path / "a", quiet=True, plots=False)
     changed = spec_from_dict({**GROW, "steps": 80}, {"d": [40, 64], "signal_norm": [3.0, 30.0]},

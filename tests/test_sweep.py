@@ -354,3 +354,90 @@ def test_run_id_of_a_fixed_run_is_pinned():
     fixed = spec_from_dict({"model": "prompt_attention", "signal_norm": 10.0, "engine": "direct",
                             "record_every": 5}, seeds=2)
     assert S.spec_run_ids(fixed).tolist() == pinned
+
+
+# --------------------------------------------------------------------------------------------
+# The dry run of every shipped sweep file, in-process
+# --------------------------------------------------------------------------------------------
+
+# Files whose full dry run is slow: it traces one run of every compile group (jax.eval_shape, for
+# the [plot] columns), measured in-process on 2 busy cores. In the default suite these dry-run
+# with --no-plots (validation and the plan, no trace); in full with -m slow. Every other file
+# dry-runs in full in the default suite (0.1-1.5 s each, ~8 s together).
+DRY_RUN_TRACES = {
+    "magen_n_over_d": "12 compile groups, ~4 s",
+    "magen_snr_n_heatmap": "6 compile groups, ~1-2.5 s",
+    "magen_vary_d": "4 compile groups, ~1-1.4 s",
+    "sakamoto_heatmap_official": "39 compile groups, ~7 s",
+    "sakamoto_horizons": "5 compile groups, ~3 s",
+    "real_digits": "3 ViT groups, ~10 s (+ ~3 s loading the digits)",
+    "real_digits_noise": "5 ViT groups, ~3 s",
+}
+
+
+def _dry_run_cases():
+    for p in sorted((ROOT / "sweeps").glob("*.toml")):
+        if p.stem in DRY_RUN_TRACES:
+            yield pytest.param(p, False, id=f"{p.stem}-plan")
+            yield pytest.param(p, True, id=f"{p.stem}-traced", marks=pytest.mark.slow)
+        else:
+            yield pytest.param(p, True, id=p.stem)
+
+
+@pytest.fixture
+def restore_x64():
+    """main() turns 64-bit JAX on for a float64 sweep (the CLI owns the process's flags): put it
+    back for the tests after this one."""
+    import jax
+
+    old = jax.config.jax_enable_x64
+    yield
+    jax.config.update("jax_enable_x64", old)
+
+
+@pytest.fixture
+def untrained_backbone(monkeypatch):
+    """vit_digits' backbone with zero weights of its shapes. A dry run traces a run, whose init
+    loads the pretrained backbone: from the cache, or pretrained there and then (500 AdamW steps,
+    minutes here) where it is not cached, as on a fresh machine. The plan and the columns do not
+    depend on the weights."""
+    import functools
+
+    import equinox as eqx
+    import jax
+    import jax.random as jr
+
+    from phasebo.models import vit_digits as V
+
+    @functools.cache
+    def zeros(width, depth, heads):
+        shapes = eqx.filter_eval_shape(V.init_vit, jr.PRNGKey(0), width, depth, heads)
+        return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype)
+                            if isinstance(a, jax.ShapeDtypeStruct) else a, shapes)
+
+    def load(static, quiet=False):
+        cfg = V.backbone_settings(static)
+        return zeros(cfg["width"], cfg["depth"], cfg["heads"])
+
+    monkeypatch.setattr(V, "load_backbone", load)
+
+
+@pytest.mark.parametrize("path,traced", list(_dry_run_cases()))
+def test_every_sweep_file_dry_runs(path, traced, tmp_path, capsys, restore_x64,
+                                   untrained_backbone):
+    """``--dry-run`` of each shipped file as a user runs it (in this process): exit 0, the plan
+    printed (one line per compile group, their runs adding up to the sweep's) and nothing written.
+    ``traced``: with the check of the [plot] columns against an abstract trace of each group."""
+    out = tmp_path / "out"
+    argv = [str(path), "--dry-run", "--out", str(out)] + ([] if traced else ["--no-plots"])
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    spec = load_sweep(path)
+    head = re.search(rf"^{re.escape(spec.name)}: {spec.n_runs} runs in (\d+) compiled group\(s\) "
+                     rf"on \d+ \w+ device\(s\); output {re.escape(str(out))}$", printed, re.M)
+    assert head, printed
+    groups = re.findall(r"^  .+: (\d+) runs in \d+ cell\(s\); block \d+, chunk \d+; memory ~",
+                        printed, re.M)
+    assert len(groups) == int(head[1]) >= 1 and sum(map(int, groups)) == spec.n_runs, printed
+    assert re.search(r"^  estimated time ~.+ on disk, memory budget", printed, re.M), printed
+    assert not out.exists()  # a dry run writes nothing
