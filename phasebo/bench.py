@@ -55,15 +55,16 @@ def _group(engine: str, d: int, n_runs: int, steps: int, block: int | None = Non
     """``(group, arrays, n_devices)``: the sweep's plan for ``n_runs`` seeds of one setting."""
     import jax.numpy as jnp
 
-    from . import sweep as S
     from .config import spec_from_dict
+    from .grid import chunk_arrays
+    from .plan import plan
 
     spec = spec_from_dict({**SETTINGS, "engine": engine, "d": d, "steps": steps, **extra},
                           seeds=n_runs)
-    pl = S.plan(spec, chunk_size=n_runs, block_size=block)
+    pl = plan(spec, chunk_size=n_runs, block_size=block)
     g = pl.groups[0]
     width = max(g.width, math.ceil(n_runs / (g.block * pl.n_dev)) * g.block * pl.n_dev)
-    arrays, _ = S.chunk_arrays(spec, g, [(g.cells[0], np.arange(n_runs))], width)
+    arrays, _ = chunk_arrays(spec, g, [(g.cells[0], np.arange(n_runs))], width)
     return g, {k: jnp.asarray(v) for k, v in arrays.items()}, pl.n_dev
 
 
@@ -72,11 +73,11 @@ def batched_rate(engine: str, d: int, n_runs: int, steps: int, block: int | None
     """Runs/s of the sweep's compiled chunk function (all local devices)."""
     import jax
 
-    from . import sweep as S
+    from .execute import Executor
 
     g, arrays, n_dev = _group(engine, d, n_runs, steps, block, **extra)
-    fn = S.chunk_function(g.model, g.engine, g.program, g.block, n_dev)
-    compiled = fn.lower(arrays).compile()
+    ex = Executor()
+    compiled = ex.compile(g, ex.lower(g, arrays, n_dev), n_dev)
     width = len(next(iter(arrays.values())))
     if repeat > 1:
         jax.block_until_ready(compiled(arrays))  # warm-up (thread pools, allocator)
@@ -326,41 +327,61 @@ def _sweep_proc(args: list[str], cache: Path) -> tuple[float, int, str]:
 def section_readme(q: bool, out: dict) -> None:
     """The README's main job (``python -m phasebo.sweep sweeps/default.toml``: 1000 runs with
     dynamics, tables and figures), whole process, with an empty and with a warm compilation
-    cache."""
+    cache; then, on that cache, new 4-run studies (the README's ``--set`` example and another
+    like it): their whole-process time and the compile time their manifests record."""
+    import json
+
     sweep_file = Path(__file__).resolve().parent.parent / "sweeps" / "default.toml"
     rows = []
+    studies = (("4-run study (README --set)", ["--set", "d=1000", "--set", "signal_norm=[10, 40]",
+                                              "--seeds", "2"]),
+               ("another 4-run study", ["--set", "d=300", "--set", "signal_norm=[20, 30]",
+                                        "--seeds", "2"]))
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
-        for label, run in (("cold", 0), ("warm", 1), ("warm", 2)):
-            wall, rc, err = _sweep_proc([str(sweep_file), "--out", str(Path(tmp) / f"o{run}"),
-                                         "--quiet"], cache)
-            out.setdefault("readme", []).append({"cache": label, "wall_s": wall, "rc": rc})
-            rows.append([label, f"{wall:.1f}", "ok" if rc == 0 else f"FAILED: {err[-300:]}"])
-            if q and run == 1:
-                break
-    _print_table("readme: python -m phasebo.sweep sweeps/default.toml, whole process",
-                 ["compilation cache", "wall s", "status"], rows,
-                 "targets: <= 20 s cold, <= 10 s warm on 2 cores")
+        jobs = [(label, f"o{run}", []) for label, run in (("cold", 0), ("warm", 1), ("warm", 2))]
+        if q:
+            jobs = jobs[:2]
+        for label, name, extra in jobs + [(lab, f"s{i}", ex) for i, (lab, ex) in
+                                          enumerate(studies)]:
+            o = Path(tmp) / name
+            wall, rc, err = _sweep_proc([str(sweep_file), "--out", str(o), "--quiet", *extra],
+                                        cache)
+            compile_s = json.loads((o / "manifest.json").read_text()).get("compile_s") \
+                if rc == 0 else None
+            out.setdefault("readme", []).append({"job": label, "wall_s": wall, "rc": rc,
+                                                 "compile_s": compile_s})
+            rows.append([label, f"{wall:.1f}", f"{compile_s:.1f}" if compile_s is not None
+                         else "-", "ok" if rc == 0 else f"FAILED: {err[-300:]}"])
+    _print_table("readme: python -m phasebo.sweep sweeps/default.toml, whole process; then new "
+                 "small studies on the same cache",
+                 ["job (compilation cache)", "wall s", "compile s", "status"], rows,
+                 "targets: <= 20 s cold, <= 10 s warm on 2 cores; a new small study compiles "
+                 "<= 5 s")
 
 
 def section_traces(q: bool, out: dict) -> None:
     """Traces per sweep: every group of runs that share a compiled program is traced once."""
+    import jax
+
+    from . import plan as P
     from . import sweep as S
     from .config import load_sweep
+    from .execute import Executor
 
     root = Path(__file__).resolve().parent.parent / "sweeps"
     rows = []
     for name, seeds in (("default.toml", 1), ("sakamoto_heatmap.toml", 1),
                         ("sakamoto_fig3.toml", 2), ("magen_snr_n_heatmap.toml", 1)):
         spec = load_sweep(root / name, seeds=seeds)
-        pl = S.plan(spec)
-        S.TRACES.clear()
-        S._COMPILED.clear()
+        pl = P.plan(spec)
+        jax.clear_caches()  # a fresh process's count
+        ex = Executor()
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
-            S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False)
+            S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False, executor=ex)
             wall = time.perf_counter() - t
-        traces = sum(S.TRACES.values())
+        traces = sum(ex.traces.values())
         cells = sum(len(g.cells) for g in pl.groups)
         out.setdefault("traces", []).append({"sweep": name, "cells": cells, "groups":
                                              len(pl.groups), "traces": traces, "wall_s": wall})
@@ -439,6 +460,7 @@ def section_gpu(q: bool, out: dict) -> None:
     runs/s, the block and chunk sizes the planner chose and the peak device memory."""
     import jax
 
+    from . import plan as P
     from . import sweep as S
     from .config import load_sweep
 
@@ -461,7 +483,7 @@ def section_gpu(q: bool, out: dict) -> None:
             ("sakamoto_fig3.toml", 10_000 if not q else 4, {}))
     for name, seeds, _ in jobs:
         spec = load_sweep(root / name, seeds=seeds)
-        pl = S.plan(spec, block_size=best if name == "sakamoto_heatmap.toml" else None)
+        pl = P.plan(spec, block_size=best if name == "sakamoto_heatmap.toml" else None)
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
             S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False,

@@ -26,12 +26,12 @@ from .plot import (
     _seed_text,
     accuracy_dynamics,
     attention_dynamics,
-    default_theory,
     plt,
     regime_map,
     save,
     value_map,
 )
+from .report import default_theory
 from .sweep import run_sweep
 
 REFERENCE_DIR = Path("results/reference")

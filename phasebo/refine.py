@@ -75,7 +75,7 @@ def parse_refine(spec: C.SweepSpec, block: dict, where: str = "") -> Refinement:
     axes = [a for a, v in spec.axes.items() if len(v) > 1]
     x, y = block.get("x"), block.get("y")
     if x is None or y is None:
-        from .plot import default_heatmap_axes
+        from .report import default_heatmap_axes
 
         dx = default_heatmap_axes(spec) or (None, None)
         x, y = x or dx[0], y or dx[1]

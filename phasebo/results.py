@@ -25,8 +25,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .regimes import REGIME_ORDER, REGIMES, classify_regime  # noqa: F401 (re-exported)
-from .settings import ConfigError
+from .regimes import (  # noqa: F401 (REGIMES, classify_regime: re-exported)
+    REGIME_ORDER,
+    REGIMES,
+    classify_regime,
+    classify_runs,
+    regimes_over_time,
+    timeline,
+)
+from .settings import ConfigError, record_steps
 
 STATUSES = ("ok", "diverged")
 INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step",
@@ -59,6 +66,81 @@ def apply_schema(df: pd.DataFrame, models=None, engines=None) -> pd.DataFrame:
         if c in df.columns and df[c].notna().all():
             df[c] = df[c].astype(np.int64)
     return df
+
+
+TIMELINE = ("first_benign_step", "dip_step", "dip_test_acc", "recovery_step")
+
+
+def output_columns(model, out) -> set[str]:
+    """The columns a group's results rows will have: its model's settings, the derived columns,
+    the final metrics of the traced program (``out``: its abstract ``RunOutput``) and, when it
+    records a margin, each run's timeline (:func:`phasebo.regimes.timeline`)."""
+    cols = set(model.settings) | set(out.final) | {"sweep", "run_id", "seed", "snr", "n_snr2",
+                                                   "status", "regime", "engine_setting"}
+    return cols | (set(TIMELINE) if out.dynamics and "margin" in out.dynamics else set())
+
+
+def _column(v, B):
+    if isinstance(v, tuple):
+        v = "+".join(map(str, v))
+    return np.full(B, v, dtype=object if isinstance(v, str) else None)
+
+
+def rows(spec, g, cols: list, out) -> tuple:
+    """Host outputs of a chunk of group ``g`` (:class:`phasebo.plan.Group`) -> (results,
+    dynamics, samples) DataFrames; ``cols``: the settings columns of its pieces
+    (:func:`phasebo.grid.chunk_arrays`)."""
+    from .train import Status  # jax: only where a sweep runs
+
+    model = g.model
+    frames = []
+    for own, var, seeds, ids in cols:
+        B = len(ids)
+        d = {"sweep": np.full(B, spec.name, object), "run_id": ids, "model": np.full(B, model.name,
+                                                                                    object),
+             "seed": seeds.astype(np.int64)}
+        for k in spec.axes:
+            if k in model.settings:
+                d[k] = var[k] if k in var else _column(own[k], B)
+        for k in model.settings:
+            if k not in d:
+                d[k] = var[k] if k in var else _column(own[k], B)
+        frames.append(pd.DataFrame(d))
+    res = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    n = len(res)
+    res["engine_setting"] = res["engine"]
+    res["engine"] = g.engine.name
+    final = {k: np.asarray(v)[:n] for k, v in out.final.items()}
+    metrics = pd.DataFrame(final)
+    labels = {int(s): s.label for s in Status}
+    status = np.array([labels.get(int(s), "error") for s in final["status"]], object)
+    metrics["status"] = status
+    metrics["regime"] = classify_runs(pd.concat([res, metrics], axis=1))
+    front = ["train_acc", "train_acc_clean", "train_acc_noisy", "test_acc", "train_loss",
+             "test_loss", "status", "regime"]
+    metrics = metrics[[c for c in front if c in metrics] + [c for c in metrics if c not in front]]
+    res = pd.concat([res, metrics], axis=1)
+    res = derived_columns(res)
+    dyn = None
+    rec = record_steps(g.program.steps, g.program.record_every, g.program.record_log) \
+        if model.trains else ()
+    if rec and out.dynamics:
+        cols_d = {k: np.asarray(v)[:n].reshape(-1) for k, v in out.dynamics.items()}
+        dyn = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), len(rec)),
+                            "step": np.tile(np.asarray(rec, np.int64), n), **cols_d})
+        if "margin" in dyn.columns:  # the regime at every recorded step, and each run's path
+            dyn = dyn.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+            reg = regimes_over_time(dyn, res)
+            dyn["regime"] = reg["regime"].to_numpy()
+            res = res.merge(timeline(reg, res), on="run_id", how="left", validate="one_to_one")
+    smp = None
+    if out.samples:
+        cols_s = {k: np.asarray(v)[:n] for k, v in out.samples.items()}
+        m = next(iter(cols_s.values())).shape[1]
+        smp = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), m),
+                            "sample": np.tile(np.arange(m), n),
+                            **{k: v.reshape(-1) for k, v in cols_s.items()}})
+    return res, dyn, smp
 
 
 def write_table_atomic(df: pd.DataFrame, path: Path) -> None:

@@ -24,10 +24,10 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_disable_most_optimizations", True)
 
 import phasebo  # noqa: E402, F401
-from phasebo import sweep  # noqa: E402
 
-# Compile in memory in this process (see above); CLI subprocesses still use the on-disk cache.
-sweep.enable_compilation_cache = lambda jax: None
+# Compile in memory in this process (see above), also where a test calls the CLI's main() in
+# process; CLI subprocesses still use the on-disk cache.
+jax.config.update("jax_enable_compilation_cache", False)
 
 
 @contextlib.contextmanager
@@ -79,8 +79,6 @@ def fresh_compilations():
     """Each test module compiles its own programs: the executables of the modules before it are
     released (XLA's CPU compiler has crashed here after some hundreds of live executables)."""
     yield
-    sweep._COMPILED.clear()
-    sweep._RUN_ONE.clear()
     jax.clear_caches()
 
 

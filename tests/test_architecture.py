@@ -102,9 +102,29 @@ def test_a_broken_model_fails_at_registration():
     with pytest.raises(TypeError, match="does not implement span_problem"):
         registry.check_model(GramWithoutSpan())
 
+    class SpanWithoutItsCost(MeanPoolModel):  # the planner's memory and cost of a span run
+        name = "span_without_its_cost"
+        engines = ("direct", "reduced")
+
+        def span_supports(self, static, reduced):
+            return None
+
+        def span_problem(self, static, sw, key, reduced):
+            raise AssertionError("never run")
+
+    with pytest.raises(TypeError, match="does not implement span_bytes"):
+        registry.check_model(SpanWithoutItsCost())
+
+
+def _is_main_guard(node) -> bool:
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
 
 def _imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports, anywhere but in its ``if __name__ == "__main__"``
+    block (a script's entry point: ``python -m phasebo.sweep`` hands over to the command line)."""
     tree = ast.parse(path.read_text())
+    tree.body = [n for n in tree.body if not _is_main_guard(n)]
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level:

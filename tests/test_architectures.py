@@ -224,8 +224,8 @@ SMALL = {"d": 64, "n": 20, "n_test": 50, "steps": 3}
 @pytest.mark.parametrize("path", sorted(SWEEP_DIR.glob("*.toml")), ids=lambda p: p.stem)
 def test_sweep_files_run_small(path, tmp_path):
     """Each sweep file through the CLI at toy sizes (one seed, d 64, 3 steps)."""
+    from phasebo.cli.sweep import main
     from phasebo.config import load_sweep
-    from phasebo.sweep import main
 
     spec = load_sweep(path)
     models = set(spec.values("model")) or {"prompt_attention"}

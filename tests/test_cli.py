@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phasebo import sweep as S
+from phasebo import plan as P
 from phasebo.config import load_sweep
 from phasebo.registry import ENGINES, MODELS, get_model
 
@@ -94,10 +94,10 @@ def flags(tiny_file):
     from conftest's XLA_FLAGS, which the subprocesses inherit) and a memory budget of 1.5 runs per
     device, which (the planner says, in this process) cuts the block to one run."""
     spec = load_sweep(tiny_file, {"dtype": "float64"})
-    pl = S.plan(spec, chunk_size=CHUNK)
+    pl = P.plan(spec, chunk_size=CHUNK)
     default = pl.groups[0]
     budget_kib = math.ceil(pl.n_dev * 1.5 * default.bytes_per_run / 1024)
-    budgeted = S.plan(spec, chunk_size=CHUNK, memory_budget=budget_kib * 1024).groups[0]
+    budgeted = P.plan(spec, chunk_size=CHUNK, memory_budget=budget_kib * 1024).groups[0]
     assert default.block > budgeted.block == 1
     return ["--set", "dtype=float64", "--chunk-size", CHUNK, "--devices", pl.n_dev,
             "--memory-budget", f"{budget_kib}K"]

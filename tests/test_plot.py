@@ -10,6 +10,8 @@ from matplotlib.image import imread
 import phasebo as pb
 from phasebo import analysis as A
 from phasebo import plot as P
+from phasebo import report as R
+from phasebo.cli.plot import main as plot_main
 from phasebo.sweep import run_sweep
 
 BASE = {"n": 12, "n_test": 64, "T": 6, "d": 48, "steps": 40, "lr": 0.05, "record_log": 10}
@@ -106,7 +108,7 @@ def test_regime_map_on_synthetic_cells_log_axes(tmp_path):
     _png(fig, tmp_path / "m7.png")
 
 
-@pytest.mark.parametrize("value", P.MAP_VALUES[1:])
+@pytest.mark.parametrize("value", R.MAP_VALUES[1:])
 def test_value_maps(sweep, value, tmp_path):
     runs = pb.load(sweep)
     fig, ax = P.value_map(runs, value, "signal_norm", "noise_ratio")
@@ -155,7 +157,7 @@ def test_token_projection_on_constructed_query(tmp_path):
     n_points = sum(len(c.get_offsets()) for c in ax.collections[2:])
     assert n_points >= 60  # 20 train + 40 test (+ flipped outlines)
     _png(fig, tmp_path / "s1.png")
-    assert P.main([str(tmp_path / "s1"), "--out", str(tmp_path / "figs")]) == 0
+    assert plot_main([str(tmp_path / "s1"), "--out", str(tmp_path / "figs")]) == 0
     assert list((tmp_path / "figs").glob("token_projection_*.png"))
 
 
@@ -169,7 +171,7 @@ def test_token_projection_synthetic(tmp_path):
 
 
 def test_command_line_standard_figures(sweep, tmp_path, capsys):
-    assert P.main([str(sweep), "--out", str(tmp_path), "--format", "png,pdf"]) == 0
+    assert plot_main([str(sweep), "--out", str(tmp_path), "--format", "png,pdf"]) == 0
     names = {p.name for p in tmp_path.glob("*.png")}
     assert {"map_regime_noise_ratio_vs_signal_norm.png", "accuracy_dynamics.png",
             "s_ratio_curves.png"} <= names
@@ -179,7 +181,7 @@ def test_command_line_standard_figures(sweep, tmp_path, capsys):
     assert {n[len("attention_"):-4] for n in names if n.startswith("attention_")} == regimes
     pdf = tmp_path / "accuracy_dynamics.pdf"
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5000
-    assert P.main([str(tmp_path / "missing")]) == 2
+    assert plot_main([str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -231,14 +233,14 @@ def test_one_axis_sweeps_get_line_plots_with_se_bands(tmp_path):
 def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):
     dyn = pb.load(sweep, "dynamics")
     step = int(sorted(dyn["step"].unique())[5])
-    assert P.main([str(sweep), "--step", str(step), "--out", str(tmp_path)]) == 0
+    assert plot_main([str(sweep), "--step", str(step), "--out", str(tmp_path)]) == 0
     names = {p.name for p in tmp_path.glob("*.png")}
     assert f"map_regime_noise_ratio_vs_signal_norm_step{step}.png" in names
     dyn = pb.at_step(dyn, step)
-    fig, ax = P._map(dyn, {"x": "signal_norm", "y": "noise_ratio", "value": "regime"})
+    fig, ax = R._map(dyn, {"x": "signal_norm", "y": "noise_ratio", "value": "regime"})
     expect = A.pivot(pb.aggregate(dyn), "signal_norm", "noise_ratio", "regime")
     codes = np.asarray(ax.collections[0].get_array()).reshape(expect.shape).astype(int)
     assert (np.array(ax.regime_categories, dtype=object)[codes] == expect.to_numpy()).all()
     P.plt.close(fig)
-    assert P.main([str(sweep), "--step", "41", "--out", str(tmp_path)]) == 2
+    assert plot_main([str(sweep), "--step", "41", "--out", str(tmp_path)]) == 2
     assert "step = 41 was not recorded" in capsys.readouterr().err

@@ -14,8 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phasebo import sweep as S
+from phasebo import plan as P
+from phasebo.cli.sweep import main as sweep_main
 from phasebo.config import load_sweep, spec_from_dict
+from phasebo.execute import count_compiles
 from phasebo.registry import MODELS
 from phasebo.results import done_run_ids
 from phasebo.settings import ConfigError
@@ -110,6 +112,7 @@ def test_resume_skips_finished_chunks(tmp_path):
         assert (out / "parts" / name).stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow  # 35 s; the default suite shards every sweep over 2 simulated devices
 def test_four_simulated_devices_match_one(tmp_path, reference):
     f, ref = reference
     out = tmp_path / "out"
@@ -145,7 +148,7 @@ def test_small_memory_budget_still_completes(tmp_path):
     spec = load_sweep(write_sweep(tmp_path, seeds=2))
     model = MODELS["prompt_attention"]
     per_run = max(model.bytes_per_run(model.static_of(c.settings)) for c in spec.cells())
-    pl = S.plan(spec, n_devices=1, memory_budget=2 * per_run)
+    pl = P.plan(spec, n_devices=1, memory_budget=2 * per_run)
     assert all(g.block <= 2 for g in pl.groups)
     df = run_sweep(spec, tmp_path / "o", memory_budget=2 * per_run, n_devices=1, quiet=True,
                    plots=False)
@@ -154,11 +157,10 @@ def test_small_memory_budget_still_completes(tmp_path):
 
 def test_single_run_over_budget_is_a_clear_error_before_compiling(tmp_path):
     spec = spec_from_dict({"d": 100_000, "n": 20, "engine": "direct", "test_mode": "sampled"})
-    S.TRACES.clear()
-    with pytest.raises(ConfigError, match=r"one run of prompt_attention needs about .* GiB.*"
-                                          r"--memory"):
+    with count_compiles() as seen, pytest.raises(
+            ConfigError, match=r"one run of prompt_attention needs about .* GiB.*--memory"):
         run_sweep(spec, tmp_path / "o", memory_budget=1 << 30, quiet=True, plots=False)
-    assert not S.TRACES
+    assert seen == {"compiles": 0}
     assert not list((tmp_path / "o" / "parts").glob("*.parquet"))
 
 
@@ -181,14 +183,14 @@ def test_diverging_run_is_data_and_leaves_its_chunk_alone(tmp_path):
 def test_changed_spec_in_the_same_directory_is_refused(tmp_path, capsys):
     f = write_sweep(tmp_path, seeds=1)
     out = tmp_path / "out"
-    assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    assert sweep_main([str(f), "--out", str(out), "--quiet", "--no-plots"]) == 0
     spec = json.loads((out / "manifest.json").read_text())["spec"]
     capsys.readouterr()
-    assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1"]) == 2
+    assert sweep_main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1"]) == 2
     err = capsys.readouterr().err
     assert "holds runs of another sweep: lr had 0.05 there" in err and "--overwrite" in err
     assert json.loads((out / "manifest.json").read_text())["spec"] == spec
-    assert S.main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1",
+    assert sweep_main([str(f), "--out", str(out), "--quiet", "--no-plots", "--set", "lr=0.1",
                    "--overwrite"]) == 0
     df = pd.read_parquet(out / "results.parquet")
     assert (df["lr"] == 0.1).all() and len(df) == 4
@@ -227,7 +229,6 @@ def test_adding_seeds_runs_only_the_new_ones_and_equals_a_fresh_sweep(tmp_path):
     out = tmp_path / "grown"
     run_sweep(_grow_spec(10), out, quiet=True, plots=False)
     before = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("results-*")}
-    S.TRACES.clear()
     grown = run_sweep(_grow_spec(20), out, quiet=True, plots=False)
     after = list((out / "parts").glob("results-*"))
     assert all((out / "parts" / n).stat().st_mtime_ns == t for n, t in before.items())
@@ -279,7 +280,7 @@ def test_a_grown_reordered_or_split_toy_grid_keeps_every_runs_id_and_numbers(tmp
     swapped = run_sweep(_toy_spec(order=("signal_norm", "lr")), tmp_path / "b", quiet=True,
                         plots=False)
     half = run_sweep(_toy_spec(lrs=(0.2,)), tmp_path / "c", quiet=True, plots=False)
-    assert len(S.plan(_toy_spec(), n_devices=1).groups) == 1
+    assert len(P.plan(_toy_spec(), n_devices=1).groups) == 1
     numbers = [c for c in base.columns if pd.api.types.is_numeric_dtype(base[c])]
     assert {"test_loss", "train_loss", "p_norm", "margin", "test_acc"} <= set(numbers)
     for other, n in ((more, 4), (swapped, 4), (half, 2)):

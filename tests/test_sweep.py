@@ -8,14 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
 
-from phasebo import sweep as S
+from phasebo import grid as G
+from phasebo import plan as P
+from phasebo.cli.sweep import main
 from phasebo.config import load_sweep, spec_from_dict
+from phasebo.execute import Executor, count_compiles
 from phasebo.settings import ConfigError
-from phasebo.sweep import main, run_sweep
+from phasebo.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,10 +56,10 @@ def test_grid_cells_and_run_ids():
     assert spec.static_axes() == ["d"] and spec.swept_axes() == ["signal_norm"]
     cells = list(spec.cells())
     assert [c.settings["d"] for c in cells] == [40, 64]
-    ids = S.spec_run_ids(spec)
+    ids = G.spec_run_ids(spec)
     assert len(ids) == len(set(ids)) == 12 and (ids >= 0).all()
     # local run order: seeds fastest, then the swept axes
-    var = S.cell_runs(spec, cells[0], np.arange(6))
+    var = G.cell_runs(spec, cells[0], np.arange(6))
     assert var["seed"].tolist() == [0, 1, 2, 0, 1, 2]
     assert var["signal_norm"].tolist() == [3.0, 3.0, 3.0, 30.0, 30.0, 30.0]
 
@@ -77,30 +81,39 @@ def test_chunk_size_does_not_change_rows(tmp_path):
         run_sweep(spec, out, chunk_size=cs, quiet=True, plots=False)
         tables.append(read(out))
     assert len(tables[0]["results"]) == spec.n_runs
-    assert tables[0]["results"]["run_id"].tolist() == S.spec_run_ids(spec).tolist()
+    assert tables[0]["results"]["run_id"].tolist() == G.spec_run_ids(spec).tolist()
     assert len(tables[0]["dynamics"]) == spec.n_runs * 4  # steps 0, 20, 40, 60
     assert_same_tables(tables[0], tables[1])
 
 
 def test_each_program_is_traced_once_over_many_chunks(tmp_path):
-    S.TRACES.clear()
-    S._COMPILED.clear()
+    jax.clear_caches()
     spec = small_spec(seeds=5)  # 10 runs per d group: chunks of 2 -> 5 chunks per group
-    run_sweep(spec, tmp_path / "o", chunk_size=2, block_size=1, quiet=True, plots=False)
-    assert len(S.TRACES) == 2  # d = 40 and d = 64: two programs on the direct engine
-    assert set(S.TRACES.values()) == {1}
+    ex = Executor()
+    run_sweep(spec, tmp_path / "o", chunk_size=2, block_size=1, quiet=True, plots=False,
+              executor=ex)
+    assert len(ex.traces) == 2  # d = 40 and d = 64: two programs on the direct engine
+    assert set(ex.traces.values()) == {1} and set(ex.compiles.values()) == {1}
+    # the same sweep again (a new directory, a new executor) reuses both programs: JAX traces
+    # and compiles nothing at all
+    again = Executor()
+    with count_compiles() as seen:
+        run_sweep(spec, tmp_path / "p", chunk_size=2, block_size=1, quiet=True, plots=False,
+                  executor=again)
+    assert sum(again.traces.values()) == 0 and sum(again.compiles.values()) == 0
+    assert seen == {"compiles": 0}
 
 
 def test_reduced_engine_traces_one_program_for_every_d_and_signal_norm(tmp_path):
-    S.TRACES.clear()
-    S._COMPILED.clear()
+    jax.clear_caches()
+    ex = Executor()
     spec = spec_from_dict({"steps": 5, "n_test": 50},
                           {"d": [300, 1000, 5000], "signal_norm": [5.0, 20.0]}, seeds=2)
-    pl = S.plan(spec)
+    pl = P.plan(spec)
     assert len(pl.groups) == 1 and pl.groups[0].engine.name == "reduced"
     assert len(pl.groups[0].cells) == 3
-    df = run_sweep(spec, tmp_path / "o", chunk_size=4, quiet=True, plots=False)
-    assert list(S.TRACES.values()) == [1]
+    df = run_sweep(spec, tmp_path / "o", chunk_size=4, quiet=True, plots=False, executor=ex)
+    assert list(ex.traces.values()) == [1]
     assert sorted(df["d"].unique()) == [300, 1000, 5000] and (df["engine"] == "reduced").all()
 
 
@@ -349,11 +362,11 @@ def test_run_id_of_a_fixed_run_is_pinned():
     must be deliberate: update the numbers and say so in the commit message."""
     pinned = [3978004595962495337, 8327796549513603194]
     as_axis = spec_from_dict({"model": "prompt_attention"}, {"signal_norm": [10.0]}, seeds=2)
-    assert S.spec_run_ids(as_axis).tolist() == pinned
+    assert G.spec_run_ids(as_axis).tolist() == pinned
     # the same run as a fixed setting, on another engine, recording dynamics: the same id
     fixed = spec_from_dict({"model": "prompt_attention", "signal_norm": 10.0, "engine": "direct",
                             "record_every": 5}, seeds=2)
-    assert S.spec_run_ids(fixed).tolist() == pinned
+    assert G.spec_run_ids(fixed).tolist() == pinned
 
 
 # --------------------------------------------------------------------------------------------

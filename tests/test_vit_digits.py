@@ -42,10 +42,10 @@ def first_load(cache_root):
         st = get_model("vit_digits").static_of(SMALL)
         path = V.backbone_path(V.backbone_settings(st))
         existed = path.with_suffix(".eqx").exists()
-        V.PRETRAINED.pop(str(path), None)
-        before = V.PRETRAIN_RUNS[0]
+        calls = []
+        mp.setattr(V, "pretrain", lambda *a, _f=V.pretrain, **k: calls.append(1) or _f(*a, **k))
         model = V.load_backbone(st, quiet=True)
-        return {"model": model, "trained": V.PRETRAIN_RUNS[0] - before, "existed": existed}
+        return {"model": model, "trained": len(calls), "existed": existed}
 
 
 def test_digits_ship_with_scikit_learn_and_split_disjointly():
@@ -68,10 +68,12 @@ def test_pretraining_is_deterministic_and_cached(first_load):
     assert not first_load["existed"] and first_load["trained"] == 1
     first = first_load["model"]
     assert V.backbone_path(cfg).with_suffix(".eqx").exists()
-    V.PRETRAINED.pop(str(V.backbone_path(cfg)))  # as a new process: read from disk, no training
-    before = V.PRETRAIN_RUNS[0]
-    again = V.load_backbone(st, quiet=True)
-    assert V.PRETRAIN_RUNS[0] == before
+    def no_training(*a, **k):
+        raise AssertionError("the stored backbone was trained again")
+
+    with pytest.MonkeyPatch.context() as mp:  # read from disk, no training
+        mp.setattr(V, "pretrain", no_training)
+        again = V.load_backbone(st, quiet=True)
     fresh, rec = V.pretrain(cfg, quiet=True)  # deterministic: the same weights again
     for x, y, z in zip(jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(fresh)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -113,7 +113,7 @@ class Gram(Engine):
     name = "gram"
     priority = 10
     doc = "the same run on the same data, as GD on the span coefficients (N x N per step)"
-    hooks = ("span_problem", "span_supports")
+    hooks = ("span_problem", "span_supports", "span_bytes", "span_cost")
 
     def supports(self, model, static):
         return model.span_supports(static, reduced=False)
@@ -136,7 +136,7 @@ class Reduced(Engine):
     priority = 20
     doc = ("the same distribution of runs from the Wishart law of the noise Gram: cost and "
            "program independent of d")
-    hooks = ("span_problem", "span_supports")
+    hooks = ("span_problem", "span_supports", "span_bytes", "span_cost")
 
     def supports(self, model, static):
         return model.span_supports(static, reduced=True)

@@ -196,3 +196,11 @@ class Model(abc.ABC):
     def span_problem(self, static, sw: dict, key: jax.Array, reduced: bool):
         """The run in span coordinates (:class:`phasebo.engines.span.SpanProblem`)."""
         raise NotImplementedError(f"{self.name} has no span form")
+
+    def span_bytes(self, static, reduced: bool) -> int:
+        """Device memory one run of the gram (or reduced) engine needs (an estimate)."""
+        raise NotImplementedError(f"{self.name} has no span form")
+
+    def span_cost(self, static, reduced: bool) -> float:
+        """Flops of one gram (or reduced) run (an estimate, for planning and the dry run)."""
+        raise NotImplementedError(f"{self.name} has no span form")

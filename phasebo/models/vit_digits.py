@@ -233,8 +233,6 @@ def init_vit(key, width: int, depth: int, heads: int, n_classes: int = 10) -> Vi
 # --------------------------------------------------------------------------------------------
 
 PRETRAIN_VERSION = 1
-PRETRAINED: dict[str, ViT] = {}  # in-process cache
-PRETRAIN_RUNS = [0]  # how many times this process trained a backbone (tests)
 
 
 def backbone_settings(static) -> dict:
@@ -253,7 +251,6 @@ def pretrain(cfg: dict, quiet: bool = False) -> tuple[ViT, dict]:
     import optax
 
     t0 = time.perf_counter()
-    PRETRAIN_RUNS[0] += 1
     x, y = (jnp.asarray(a) for a in digits()["pretrain"])
     xt, yt = (jnp.asarray(a) for a in digits()["test"])
     model = init_vit(jr.PRNGKey(cfg["seed"]), cfg["width"], cfg["depth"], cfg["heads"])
@@ -294,11 +291,10 @@ def pretrain(cfg: dict, quiet: bool = False) -> tuple[ViT, dict]:
 
 
 def load_backbone(static, quiet: bool = False) -> ViT:
-    """The pretrained backbone of ``static``: from this process, from disk, or trained now."""
+    """The pretrained backbone of ``static``: from disk (a few milliseconds; a sweep loads it
+    once per compiled program, when it traces it), or trained now and stored."""
     cfg = backbone_settings(static)
     path = backbone_path(cfg)
-    if str(path) in PRETRAINED:
-        return PRETRAINED[str(path)]
     # a run's init calls this while it is being traced: load (or train) eagerly, outside it
     with jax.ensure_compile_time_eval():
         like = init_vit(jr.PRNGKey(0), cfg["width"], cfg["depth"], cfg["heads"])
@@ -317,7 +313,6 @@ def load_backbone(static, quiet: bool = False) -> ViT:
                       f"{record['test_acc']:.4f} ({record['seconds']:.1f} s) -> {weights}",
                       file=sys.stderr)
         model = jax.tree.map(lambda a: np.asarray(a) if eqx.is_array(a) else a, model)
-    PRETRAINED[str(path)] = model
     return model
 
 

@@ -42,7 +42,7 @@ def usage() -> str:
 
 def settings_table(model_name: str | None = None, width: int = 100) -> str:
     """Every setting of a model (or of every model): name, kind, default and one-line doc."""
-    from .registry import MODELS, get_model
+    from ..registry import MODELS, get_model
 
     models = [get_model(model_name)] if model_name else list(MODELS.values())
     out = []
@@ -70,7 +70,7 @@ def settings_table(model_name: str | None = None, width: int = 100) -> str:
 
 
 def models_table() -> str:
-    from .registry import ENGINES, MODELS
+    from ..registry import ENGINES, MODELS
 
     lines = [f"{'model':18s} {'engines':24s} doc"]
     lines += [f"{m.name:18s} {', '.join(m.engines):24s} {m.doc}" for m in MODELS.values()]
@@ -99,19 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "boundaries":
         return boundaries_main(rest, prog="phasebo boundaries")
     if cmd == "bench":
-        from .bench import main as bench_main
+        from ..bench import main as bench_main
 
         return bench_main(rest)
     if cmd == "reference":
-        from .reference import main as ref_main
+        from ..reference import main as ref_main
 
         return ref_main(rest)
     if cmd == "pretrain":
-        from .models.vit_digits import main as pre_main
+        from ..models.vit_digits import main as pre_main
 
         return pre_main(rest)
     if cmd == "settings":
-        from .settings import ConfigError
+        from ..settings import ConfigError
 
         if rest and rest[0] in ("-h", "--help"):
             print("usage: phasebo settings [MODEL]  (every setting of MODEL, or of every model)")
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "models":
         print(models_table())
         return 0
-    from .settings import suggest
+    from ..settings import suggest
 
     print(f"phasebo: error: unknown command {cmd!r}{suggest(cmd, COMMANDS)}; commands: "
           f"{', '.join(COMMANDS)} (phasebo --help)", file=sys.stderr)
@@ -154,9 +154,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
 
     import pandas as pd
 
-    from .analysis import load
-    from .boundaries import boundaries, summary
-    from .settings import ConfigError
+    from ..analysis import load
+    from ..boundaries import boundaries, summary
+    from ..settings import ConfigError
 
     p = argparse.ArgumentParser(prog=prog or "phasebo boundaries",
                                 description="Estimate phase boundaries of finished sweep(s).")
@@ -206,7 +206,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         print(b[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(summary(b, args.x, args.y))
     if not args.no_plots:
-        from .plot import boundary_figure, boundary_trajectory, save
+        from ..plot import boundary_figure, boundary_trajectory, save
 
         formats = [f.strip() for f in args.format.split(",")]
         figs = []

@@ -1,0 +1,261 @@
+"""``python -m phasebo.sweep`` / ``phasebo sweep``: run sweep files from the command line.
+
+Every refusal is a one-line error (exit 2) before anything runs; Ctrl-C exits 130 with the
+finished chunks saved. Process-wide JAX settings (CPU devices, 64-bit floats, the on-disk
+compilation cache) are this module's: the library never changes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+from .. import config as C
+from ..config import SweepSpec
+from ..execute import traced_columns
+from ..grid import spec_run_ids
+from ..plan import Plan, describe, plan
+from ..settings import ConfigError, cache_dir
+from ..store import check_out_dir, compatible, read_manifest
+from ..sweep import run_sweep
+
+DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
+
+
+def _parse_bytes(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().rstrip("ib").rstrip("b")
+    try:
+        n = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(float(t))
+    except ValueError:
+        raise ConfigError(f"--memory-budget {text!r}: expected bytes such as 8G or 512M") from None
+    if n <= 0:
+        raise ConfigError(f"--memory-budget {text!r}: must be more than 0 bytes, e.g. 8G")
+    return n
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own exit code is 2 as well; keep its one line
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+EXAMPLES = """examples:
+  python -m phasebo.sweep sweeps/default.toml                  # the default phase map
+  python -m phasebo.sweep sweeps/default.toml --seeds 20       # grow it to 20 seeds per cell
+  python -m phasebo.sweep sweeps/default.toml --set d=1000 --set 'signal_norm=[10, 40]'
+  python -m phasebo.sweep sweeps/sakamoto_heatmap.toml --dry-run   # plan, time and memory only
+  python -m phasebo.sweep sweeps/magen_*.toml                  # several sweep files in turn
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("files", nargs="+", metavar="FILE", help="sweep file(s) (TOML)")
+    p.add_argument("--out", help="output directory (default: results/<sweep name>/, or "
+                                 "results/<name>/<overrides>/ with --set)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting; a list [a, b] or a range {start=..,stop=..,step=..} "
+                        "makes an axis")
+    p.add_argument("--seeds", type=int, help="seeds per grid cell (more seeds grow a finished "
+                                             "sweep in place)")
+    p.add_argument("--chunk-size", type=int, help="runs per host chunk (default: ~4 s of work)")
+    p.add_argument("--block-size", type=int, help="runs vmapped together per device")
+    p.add_argument("--memory-budget", help="bytes the sweep may plan for, e.g. 8G "
+                                           "(default: half the free memory)")
+    p.add_argument("--devices", type=int, help="use at most this many local devices")
+    p.add_argument("--cpu-devices", type=int,
+                   help="split the CPU into this many devices (default: one per core)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="discard the runs of another sweep in --out")
+    p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf,svg")
+    p.add_argument("--dpi", type=int, default=150, help="resolution of raster figures")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the planner decides")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and print the plan (groups, engines, memory, time, disk) only")
+    p.add_argument("--refine", metavar="A,B",
+                   help="refine the grid around the boundary between regimes A and B (see "
+                        "phasebo.refine; or a [refine] block in the file)")
+    p.add_argument("--rounds", type=int, help="refinement rounds after the first grid")
+    p.add_argument("--target", type=float,
+                   help="refine until each boundary CI is at most this fraction of it")
+    g = p.add_argument_group("many hosts (jax.distributed)")
+    g.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize; without the flags below JAX reads the "
+                        "cluster from the environment (SLURM, TPU pods, ...)")
+    g.add_argument("--coordinator", help="coordinator address host:port (process 0's host)")
+    g.add_argument("--num-processes", type=int, help="number of processes")
+    g.add_argument("--process-id", type=int, help="this process's id, 0..num-processes-1")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m phasebo.sweep", description=DESCRIPTION,
+               epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return add_arguments(p)
+
+def _fmt_value(v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, (tuple, list)):
+        return "-".join(map(_fmt_value, v))
+    return str(v)
+
+
+def override_slug(overrides: dict, spec: SweepSpec) -> str:
+    """A directory name for a set of ``--set`` overrides, canonical: the keys sorted, each value
+    as the sweep expanded it (a range written out, ``10`` and ``10.0`` alike), so that the same
+    overrides in another order or spelling name the same directory: ``d=1000,signal_norm=10+40``.
+    A name over 120 characters ends in a hash of the whole."""
+    import hashlib
+
+    parts = []
+    for k in sorted(overrides):
+        vals = spec.axes.get(k)
+        text = "+".join(map(_fmt_value, vals)) if vals is not None else \
+            _fmt_value(spec.fixed.get(k, overrides[k]))
+        parts.append(f"{k}={text}")
+    slug = re.sub(r"[^A-Za-z0-9_.+=,-]", "_", ",".join(parts))
+    if len(slug) > 120:
+        slug = slug[:103] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:16]
+    return slug
+
+
+def start_jax(args) -> None:
+    """Process-wide JAX settings, before any backend starts: one CPU device per core (XLA runs a
+    vmapped program on one core), 64-bit floats, the on-disk compilation cache."""
+    import jax
+
+    ncpu = args.cpu_devices or os.cpu_count() or 1
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        try:
+            jax.config.update("jax_num_cpu_devices", ncpu)
+        except RuntimeError:  # JAX already started (main() called in-process): keep it
+            pass
+    if getattr(args, "distributed", False):
+        jax.distributed.initialize(coordinator_address=args.coordinator,
+                                   num_processes=args.num_processes, process_id=args.process_id)
+    elif any(getattr(args, k, None) is not None for k in ("coordinator", "num_processes",
+                                                          "process_id")):
+        raise ConfigError("--coordinator / --num-processes / --process-id need --distributed")
+    enable_compilation_cache(jax)
+
+
+def enable_compilation_cache(jax) -> None:
+    """Keep compiled programs on disk (``~/.cache/phasebo/jax``, or ``$PHASEBO_CACHE/jax``) unless
+    the user chose a cache: a rerun, a resume or a similar sweep then skips compilation."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    path = os.path.join(cache_dir(), "jax")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return  # read-only home: run without a cache
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+
+
+
+def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
+    """Print the plan (:func:`phasebo.plan.describe`) and what the directory already holds: the
+    runs done and to run, or why the real run would refuse it."""
+    print(describe(pl, out))
+    old = read_manifest(out)
+    if not (out / "parts").is_dir():
+        print(f"  {spec.n_runs} runs to run ({out} holds none)")
+        return
+    why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
+    if why:
+        raise ConfigError(f"{out} holds runs of another sweep: {why}; fix: choose another --out, "
+                          "or pass --overwrite to discard them")
+    import numpy as np
+
+    from ..results import done_run_ids
+
+    done = np.isin(spec_run_ids(spec), done_run_ids(out / "parts")).sum()
+    print(f"  {done} of {spec.n_runs} runs done, {spec.n_runs - done} to run")
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = build_parser()
+    if prog:
+        p.prog = prog
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="phasebo: %(message)s")
+    try:
+        if args.seeds is not None and args.seeds < 1:
+            raise ConfigError(f"--seeds = {args.seeds} must be a positive integer")
+        for flag in ("chunk_size", "block_size", "dpi"):
+            v = getattr(args, flag)
+            if v is not None and v < 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} = {v} must be >= 1")
+        formats = tuple(f.strip().lower() for f in args.format.split(",") if f.strip())
+        bad = [f for f in formats if f not in ("png", "pdf", "svg")]
+        if bad or not formats:
+            raise ConfigError(f"--format {args.format!r}: formats are png, pdf and svg, e.g. "
+                              "--format png,pdf")
+        budget = _parse_bytes(args.memory_budget) if args.memory_budget else None
+        if args.out and len(args.files) > 1:
+            raise ConfigError("--out names one directory but several sweep files were given; fix: "
+                              "one file per command with --out, or no --out (each goes to "
+                              "results/<its name>/)")
+        start_jax(args)
+        specs = [(f, C.load_sweep(f, C.parse_set(args.set), args.seeds)) for f in args.files]
+        if any("float64" in spec.values("dtype") for _, spec in specs):
+            import jax
+
+            jax.config.update("jax_enable_x64", True)  # the CLI owns process-wide flags
+        for _, spec in specs:
+            out = Path(args.out) if args.out else Path("results") / spec.name
+            if args.set and not args.out:
+                out = out / override_slug(C.parse_set(args.set), spec)
+            check_out_dir(out)
+            if args.dry_run:
+                pl = plan(spec, n_devices=args.devices, memory_budget=budget,
+                          chunk_size=args.chunk_size, block_size=args.block_size)
+                if not args.no_plots:
+                    from ..report import check_plot_spec
+
+                    check_plot_spec(spec, columns=traced_columns(pl))
+                dry_run(spec, pl, out)
+                continue
+            block = dict(spec.refine)
+            if args.refine:
+                block["between"] = args.refine
+            for k in ("rounds", "target"):
+                if getattr(args, k) is not None:
+                    block[k] = getattr(args, k)
+            if (args.rounds is not None or args.target is not None) and not block.get(
+                    "between") and not spec.refine:
+                raise ConfigError("--rounds/--target refine a boundary; fix: add --refine A,B "
+                                  "(e.g. --refine benign,harmful) or a [refine] block")
+            if block:
+                from ..refine import parse_refine, refine_sweep
+
+                r = parse_refine(spec, block, where=f"{spec.name}: ")
+                refine_sweep(spec, r, out, run_sweep=run_sweep, chunk_size=args.chunk_size,
+                             block_size=args.block_size, memory_budget=budget,
+                             n_devices=args.devices, overwrite=args.overwrite,
+                             quiet=args.quiet, plots=not args.no_plots, formats=formats,
+                             dpi=args.dpi)
+                continue
+            if spec.n_runs >= 10**6 and not args.quiet:
+                print(f"phasebo.sweep: warning: {spec.n_runs} runs; `--dry-run` estimates the "
+                      "time; Ctrl-C stops it and the same command resumes", file=sys.stderr)
+            run_sweep(spec, out, chunk_size=args.chunk_size, block_size=args.block_size,
+                      memory_budget=budget, n_devices=args.devices, overwrite=args.overwrite,
+                      quiet=args.quiet, plots=not args.no_plots, formats=formats, dpi=args.dpi)
+    except ConfigError as e:
+        print(f"{p.prog.split()[-1] if prog else 'phasebo.sweep'}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+

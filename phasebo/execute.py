@@ -1,0 +1,319 @@
+"""Execution: each group's compiled chunk function, the chunk loop, progress and one run.
+
+A group's runs go through one compiled function in host chunks of its width
+(:attr:`phasebo.plan.Group.width`). Inside a chunk the run axis is split across the local devices
+(``shard_map``) and each device works through vmapped blocks (``lax.map(batch_size=...)``). Each
+finished chunk's rows (:func:`phasebo.results.rows`) are written at once as Parquet parts (atomic
+rename), samples and dynamics before results: a results part marks its runs as done.
+
+The chunk function is one module-level ``jax.jit`` with the model, engine, program, block and
+device count as static arguments, so JAX's own caches reuse its trace and executable across
+sweeps in one process; nothing here keeps state between calls. An :class:`Executor` counts what
+it traced and compiled (from JAX's monitoring events) and the time each took.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import dataclasses
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import config as C
+from .config import key_words, run_ids
+from .grid import chunk_arrays, chunks, group_pieces
+from .registry import get_model, resolve_engine
+from .results import done_run_ids, output_columns, rows, write_table_atomic
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# Where a trace of the chunk function reports itself: the executor lowering it sets a counter for
+# the duration of the lowering (a trace runs the Python body; a cache hit does not).
+_TRACE_SINK: contextvars.ContextVar = contextvars.ContextVar("phasebo_trace_sink", default=None)
+
+
+def _jax():
+    import jax
+
+    return jax
+
+
+def _one_run(a, model, engine, program):
+    """One run from its chunk row: the key from the run-id words, the rest its swept values."""
+    k = C.run_key(a["root_seed"], a["_hi"], a["_lo"])
+    sw = {n: v for n, v in a.items() if n not in ("root_seed", "_hi", "_lo")}
+    return engine.run(model, program, sw, k)
+
+
+def _chunk(arrays, model, engine, program, block: int, n_dev: int):
+    """``arrays (W,) -> RunOutput`` with leading axis ``W``: the runs split over ``n_dev``
+    devices, each mapping over its runs in vmapped blocks of ``block``."""
+    jax = _jax()
+    sink = _TRACE_SINK.get()
+    if sink is not None:  # runs at trace time only
+        sink[0] += 1
+
+    def local(a):
+        return jax.lax.map(lambda r: _one_run(r, model, engine, program), a, batch_size=block)
+
+    if n_dev == 1:
+        return local(arrays)
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.local_devices()[:n_dev]), ("runs",))
+    return jax.shard_map(local, mesh=mesh, in_specs=(P("runs"),), out_specs=P("runs"),
+                         check_vma=False)(arrays)
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Count JAX's backend compilations (of any function) while the block runs:
+    ``{"compiles": n}``."""
+    import jax.monitoring as mon
+
+    seen = {"compiles": 0}
+
+    def listen(event, duration, **kw):
+        if event == COMPILE_EVENT:
+            seen["compiles"] += 1
+
+    mon.register_event_duration_secs_listener(listen)
+    try:
+        yield seen
+    finally:
+        mon.unregister_event_duration_listener(listen)
+
+
+@dataclasses.dataclass
+class Stats:
+    n_new: int = 0
+    compile_s: float = 0.0
+    run_s: float = 0.0
+    chunks: int = 0
+    stopped: bool = False
+
+
+class _Progress:
+    """A tqdm bar whose rate and ETA count run time only (compilation is paused out of it)."""
+
+    def __init__(self, total, done, quiet):
+        self.bar = None
+        if not quiet and total:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit="run", dynamic_ncols=True,
+                            file=sys.stderr, smoothing=0.3, mininterval=0.5)
+
+    def say(self, text):
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+
+    def resume(self):
+        if self.bar is not None:
+            self.bar.unpause()  # the pause (compilation) does not count into the rate
+
+    def update(self, n):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Executor:
+    """Runs a plan's runs not yet in a directory's parts, chunk by chunk.
+
+    ``traces`` / ``compiles``: per program key ``(model, engine, program, block, devices)``, the
+    traces and backend compilations this executor caused (0 where JAX's caches had the program).
+    """
+
+    def __init__(self):
+        self.traces: collections.Counter = collections.Counter()
+        self.compiles: collections.Counter = collections.Counter()
+
+    def lower(self, g, arrays: dict, n_dev: int):
+        """The group's chunk function lowered for the shapes of ``arrays`` (traced, not
+        compiled)."""
+        jax = _jax()
+        # a new jit wrapper of the same function shares JAX's trace and executable caches
+        fn = jax.jit(_chunk, static_argnames=("model", "engine", "program", "block", "n_dev"))
+        shapes = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in arrays.items()}
+        sink = [0]
+        token = _TRACE_SINK.set(sink)
+        try:
+            lowered = fn.lower(shapes, model=g.model, engine=g.engine, program=g.program,
+                               block=g.block, n_dev=n_dev)
+        finally:
+            _TRACE_SINK.reset(token)
+        self.traces[(g.model.name, g.engine.name, g.program, g.block, n_dev)] += sink[0]
+        return lowered
+
+    def compile(self, g, lowered, n_dev: int):
+        with count_compiles() as seen:
+            compiled = lowered.compile()
+        self.compiles[(g.model.name, g.engine.name, g.program, g.block, n_dev)] += \
+            seen["compiles"]
+        return compiled
+
+    def execute(self, pl, out_dir: Path, *, quiet: bool = False, max_chunks: int | None = None,
+                share: tuple[int, int] = (0, 1), check_columns=None) -> Stats:
+        """Run every run of the plan not already in ``out_dir``'s parts (this process's share).
+
+        Every group with work is traced first (``check_columns``: then called with the union of
+        the traced results columns, before anything runs), then compiled and run group by group.
+        """
+        parts = Path(out_dir) / "parts"
+        done = done_run_ids(parts)
+        spec = pl.spec
+        stats = Stats()
+        todo = []
+        for g in pl.groups:
+            n_mine = sum(len(j) for _, j in group_pieces(spec, g, np.zeros(0, np.int64), share)) \
+                if share[1] > 1 else g.n_runs
+            n_todo = sum(len(j) for _, j in group_pieces(spec, g, done, share)) if len(done) \
+                else n_mine
+            todo.append((g, n_mine, n_todo))
+        total = sum(t[1] for t in todo)
+        bar = _Progress(total, total - sum(t[2] for t in todo), quiet)
+        active = []
+        columns: set[str] = set()
+        t = time.perf_counter()
+        for g, _, n_todo in todo:
+            if not n_todo:
+                continue
+            stream = chunks(group_pieces(spec, g, done, share), g.width)
+            first = next(stream)
+            arrays, cols = chunk_arrays(spec, g, first, g.width)
+            lowered = self.lower(g, arrays, pl.n_dev)
+            columns |= output_columns(g.model, lowered.out_info)
+            active.append((g, n_todo, lowered, itertools.chain([(first, arrays, cols)], stream)))
+        stats.compile_s += time.perf_counter() - t
+        if check_columns is not None and active:
+            check_columns(columns)
+        with _interruptible() as interrupted:
+            self._chunk_loop(spec, pl.n_dev, active, parts, stats, bar, max_chunks, interrupted)
+        return stats
+
+    def _chunk_loop(self, spec, n_dev, active, parts, stats, bar, max_chunks, interrupted) -> None:
+        """Compile each group, then run its chunks, writing every chunk's parts as it finishes."""
+        jax = _jax()
+        try:
+            for k, (g, n_todo, lowered, stream) in enumerate(active):
+                bar.say(f"compiling group {k + 1}/{len(active)}: {g.label}, {n_todo} runs, block "
+                        f"{g.block} x {n_dev} device(s), chunk {g.width}")
+                t = time.perf_counter()
+                compiled = self.compile(g, lowered, n_dev)
+                stats.compile_s += time.perf_counter() - t
+                bar.resume()
+                for item in stream:
+                    if interrupted[0]:
+                        raise KeyboardInterrupt
+                    if max_chunks is not None and stats.chunks >= max_chunks:
+                        stats.stopped = True
+                        return
+                    if isinstance(item, tuple):
+                        _, arrays, cols = item
+                    else:
+                        arrays, cols = chunk_arrays(spec, g, item, g.width)
+                    t = time.perf_counter()
+                    dev = {n: jax.numpy.asarray(v) for n, v in arrays.items()}
+                    out = jax.device_get(compiled(dev))
+                    res, dyn, smp = rows(spec, g, cols, out)
+                    first_id, last_id = res["run_id"].iloc[0], res["run_id"].iloc[-1]
+                    tag = (f"{first_id:019d}-{last_id:019d}-{stats.chunks:06d}-{os.getpid()}"
+                           ".parquet")
+                    # samples and dynamics first: a results part marks the runs as done
+                    if dyn is not None:
+                        write_table_atomic(dyn, parts / f"dynamics-{tag}")
+                    if smp is not None:
+                        write_table_atomic(smp, parts / f"samples-{tag}")
+                    write_table_atomic(res, parts / f"results-{tag}")
+                    stats.run_s += time.perf_counter() - t
+                    stats.chunks += 1
+                    stats.n_new += len(res)
+                    bar.update(len(res))
+            if interrupted[0]:
+                raise KeyboardInterrupt
+        finally:
+            bar.close()
+
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """SIGINT raises KeyboardInterrupt as usual and also sets a flag that the chunk loop reads
+    after every chunk: Python swallows an exception raised inside a garbage-collector callback
+    (jax registers one), and a Ctrl-C landing there must still stop the sweep."""
+    flag = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        flag[0] = True
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def traced_columns(pl) -> set[str]:
+    """The results columns of every group of plan ``pl``, from an abstract trace of one run (no
+    compilation)."""
+    jax = _jax()
+    cols: set[str] = set()
+    for g in pl.groups:
+        arrays, _ = chunk_arrays(pl.spec, g, [(g.cells[0], np.arange(1))], 1)
+        one = {k: jax.ShapeDtypeStruct((), v.dtype) for k, v in arrays.items()}
+        out = jax.eval_shape(lambda a, g=g: _one_run(a, g.model, g.engine, g.program), one)
+        cols |= output_columns(g.model, out)
+    return cols
+
+
+def prepare_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
+    """``(model, engine, program, swept values, key)`` of one run from a settings dict (its
+    model's defaults filled in, validated as a sweep would); ``key`` overrides the
+    identity-derived key ``fold_in(fold_in(PRNGKey(root_seed), hi32), lo32)`` of its run id."""
+    jax = _jax()
+    given = {**(settings or {}), **kw}
+    given = {k: C._setting(k, "").coerce(v) for k, v in given.items()}
+    own = C.check_cell(C.resolve(given), given)
+    model = get_model(own["model"])
+    static = model.static_of(own)
+    engine = resolve_engine(model, static)
+    program = engine.program(model, static)
+    sw = {k: np.asarray([own[k]], np.float64) for k in model.swept}
+    sw.update(model.derived(static, sw))
+    fdt = np.float64 if static.dtype == "float64" else np.float32
+    sw = {k: jax.numpy.asarray(v[0], np.int32 if np.issubdtype(np.asarray(v).dtype, np.integer)
+                               else fdt) for k, v in sw.items()}
+    if key is None:
+        hi, lo = key_words(run_ids(model, own, {}, np.asarray([seed])))
+        key = C.run_key(own["root_seed"], int(hi[0]), int(lo[0]))
+    return model, engine, program, sw, key
+
+
+def _run(sw, key, model, engine, program):
+    return engine.run(model, program, sw, key)
+
+
+def run_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
+    """One run (jitted, one compilation per program): ``RunOutput(final, dynamics, samples)``.
+    See :func:`prepare_one` for the arguments."""
+    jax = _jax()
+    model, engine, program, sw, key = prepare_one(settings, seed=seed, key=key, **kw)
+    fn = jax.jit(_run, static_argnames=("model", "engine", "program"))
+    return fn(sw, key, model=model, engine=engine, program=program)

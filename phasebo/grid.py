@@ -1,0 +1,136 @@
+"""The grid: a sweep's runs as settings, ids, keys and host arrays.
+
+A cell (:class:`phasebo.config.Cell`) holds the static settings; its runs are the product of its
+swept axes times the seeds, numbered by a local index ``j`` (seeds fastest, then the swept axes in
+file order, the last fastest). This is the only module that turns a ``(cell, j)`` into a run's
+settings: :func:`cell_runs` for its values, :func:`cell_run_ids` for its identity (from which its
+key derives, :func:`phasebo.config.run_ids`), :func:`chunk_arrays` for the arrays a compiled chunk
+is fed and the settings columns of its rows. Run sets are streamed in slices of :data:`SLICE`
+runs, so memory stays flat in the run count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from .config import Cell, SweepSpec, key_words, run_ids
+from .registry import get_model
+
+SLICE = 1 << 16  # runs of a cell enumerated at once (keeps the planner's memory flat)
+
+
+def own_settings(cell: Cell) -> tuple:
+    """``(model, the cell's settings that the model has)``."""
+    model = get_model(cell.settings["model"])
+    own = {k: v for k, v in cell.settings.items() if k in model.settings}
+    return model, own
+
+
+def cell_runs(spec: SweepSpec, cell: Cell, j: np.ndarray) -> dict:
+    """Settings that vary inside ``cell`` for its local run indices ``j`` (seeds fastest, then
+    the swept axes in file order, the last fastest): ``seed`` and one array per swept axis."""
+    j = np.asarray(j, np.int64)
+    out = {"seed": j % spec.seeds}
+    combo = j // spec.seeds
+    shape = [len(spec.axes[a]) for a in cell.swept_axes]
+    if shape:
+        idx = np.unravel_index(combo, shape)
+        for a, i in zip(cell.swept_axes, idx):
+            vals = spec.axes[a]
+            out[a] = np.asarray(vals, dtype=object if isinstance(vals[0], (tuple, str))
+                                else None)[i]
+    return out
+
+
+def cell_run_ids(spec: SweepSpec, cell: Cell, j: np.ndarray) -> np.ndarray:
+    model, own = own_settings(cell)
+    var = cell_runs(spec, cell, j)
+    seeds = var.pop("seed")
+    return run_ids(model, own, {k: v for k, v in var.items() if k in model.settings}, seeds)
+
+
+def spec_run_ids(spec: SweepSpec) -> np.ndarray:
+    """Every run id of the specification, in its order (8 bytes per run)."""
+    R = spec.runs_per_cell()
+    parts = []
+    for cell in spec.cells():
+        for j0 in range(0, R, SLICE):
+            parts.append(cell_run_ids(spec, cell, np.arange(j0, min(R, j0 + SLICE))))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def group_pieces(spec: SweepSpec, g, done: np.ndarray, share: tuple[int, int] = (0, 1)
+                 ) -> Iterator[tuple[Cell, np.ndarray]]:
+    """``(cell, local run indices)`` of the group's runs still to do, in order; ``share =
+    (process index, process count)`` keeps a fixed contiguous share of the group."""
+    R = spec.runs_per_cell()
+    pi, pc = share
+    lo, hi = (g.n_runs * pi) // pc, (g.n_runs * (pi + 1)) // pc
+    for ci, cell in enumerate(g.cells):
+        a, b = max(lo - ci * R, 0), min(hi - ci * R, R)
+        for j0 in range(a, b, SLICE):
+            j = np.arange(j0, min(b, j0 + SLICE))
+            if len(done):
+                j = j[~np.isin(cell_run_ids(spec, cell, j), done, assume_unique=False)]
+            if len(j):
+                yield cell, j
+
+
+def chunks(pieces: Iterator, width: int) -> Iterator[list]:
+    """Consecutive lists of pieces holding ``width`` runs each (the last fewer)."""
+    cur, n = [], 0
+    for cell, j in pieces:
+        while len(j):
+            take = min(width - n, len(j))
+            cur.append((cell, j[:take]))
+            n += take
+            j = j[take:]
+            if n == width:
+                yield cur
+                cur, n = [], 0
+    if cur:
+        yield cur
+
+
+def chunk_arrays(spec: SweepSpec, g, pieces: list, width: int) -> tuple[dict, list]:
+    """Host arrays of a chunk, padded to ``width``: the swept and derived values, the root seeds
+    and the run-id words; plus, per piece, its settings columns for the rows."""
+    model = g.model
+    sw_parts: dict[str, list] = {}
+    cols = []
+    fdt = np.float64 if g.program.dtype == "float64" else np.float32
+    for cell, j in pieces:
+        _, own = own_settings(cell)
+        var = cell_runs(spec, cell, j)
+        seeds = var.pop("seed")
+        var = {k: v for k, v in var.items() if k in model.settings}
+        ids = run_ids(model, own, var, seeds)
+        B = len(j)
+        sw = {k: np.broadcast_to(np.asarray(var[k] if k in var else own[k], np.float64), (B,))
+              for k in model.swept}
+        static = model.static_of(own)
+        sw.update(model.derived(static, sw))
+        sw["root_seed"] = np.broadcast_to(np.asarray(var.get("root_seed", own["root_seed"])), (B,))
+        hi, lo = key_words(ids)
+        sw["_hi"], sw["_lo"] = hi, lo
+        for k, v in sw.items():
+            sw_parts.setdefault(k, []).append(np.asarray(v))
+        cols.append((own, var, seeds, ids))
+    arrays = {}
+    for k, v in sw_parts.items():
+        a = np.concatenate(v)
+        if len(a) < width:  # pad with the last run (same shape: no new trace)
+            a = np.concatenate([a, np.repeat(a[-1:], width - len(a))])
+        if k in ("root_seed",):
+            a = a.astype(np.int32)
+        elif k in ("_hi", "_lo"):
+            a = a.astype(np.uint32)
+        elif np.issubdtype(a.dtype, np.integer):
+            a = a.astype(np.int32)
+        else:
+            a = a.astype(fdt)
+        arrays[k] = a
+    return arrays, cols
+

@@ -1,0 +1,232 @@
+"""The plan: a sweep's cells grouped by compiled program, each group sized to the machine.
+
+Each cell is resolved to its model, its engine and the engine's *program*
+(:meth:`phasebo.engines.base.Engine.program`: for the reduced engine every ``d`` gives the same
+program); cells that share a program form one :class:`Group`, traced and compiled once. A group's
+runs go through its compiled function in chunks of :attr:`Group.width` runs (a power of two times
+the block, so resumed and similar sweeps reuse the program), each device working through vmapped
+blocks of :attr:`Group.block` runs. Sizes come from the engines' memory and cost models
+(``bytes_per_run``, ``cost_per_run``) and the measured throughput :data:`RATE`; the same models
+give the dry run's time, memory and disk estimates. No run is enumerated here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from pathlib import Path
+
+from .config import SweepSpec
+from .grid import own_settings
+from .registry import resolve_engine
+from .settings import ConfigError, record_steps
+
+MEMORY_FRACTION = 0.5  # default fraction of free memory a sweep may plan to use
+CHUNK_SECONDS = 4.0  # aim for about this much work per chunk (progress, cheap resume)
+MAX_CHUNK = 4096
+# Measured throughput (flop/s of each engine's cost model, 2-core CPU, `phasebo.bench`), used to
+# size chunks and for the dry run's time estimates; accelerators: a conservative 20x.
+RATE = {("direct", "cpu"): 2.0e10, ("gram", "cpu"): 2.0e10, ("reduced", "cpu"): 4.0e10}
+COMPILE_SECONDS = 4.0  # typical trace + compile of one group on 2 cores (cold cache)
+
+
+def _jax():
+    import jax
+
+    return jax
+
+
+def platform_name() -> str:
+    return _jax().local_devices()[0].platform
+
+
+def rate(engine: str, platform: str) -> float:
+    base = RATE.get((engine, "cpu"), 2e10)
+    return base if platform == "cpu" else 20 * base
+
+
+@dataclasses.dataclass
+class Group:
+    """Cells that share one compiled program."""
+
+    model: object
+    engine: object
+    program: object
+    cells: list
+    n_runs: int = 0
+    bytes_per_run: int = 0
+    cost_per_run: float = 0.0
+    block: int = 1
+    width: int = 1  # runs per chunk (all chunks of the group have this shape)
+
+    @property
+    def label(self) -> str:
+        p = self.program
+        shape = ", ".join(f"{k}={getattr(p, k)}" for k in ("n", "T", "steps") if hasattr(p, k))
+        if self.engine.name != "reduced" and hasattr(p, "d"):
+            shape = f"d={p.d}, " + shape
+        return f"{self.model.name} on {self.engine.name} ({shape})"
+
+
+@dataclasses.dataclass
+class Plan:
+    spec: SweepSpec
+    groups: list
+    n_dev: int
+    budget: int
+    platform: str
+
+    @property
+    def n_runs(self) -> int:
+        return sum(g.n_runs for g in self.groups)
+
+
+def free_memory_bytes() -> int:
+    """Free memory of the first local device (accelerator) or of the host."""
+    dev = _jax().local_devices()[0]
+    if dev.platform != "cpu":
+        try:
+            st = dev.memory_stats()
+            return int(st["bytes_limit"] - st.get("bytes_in_use", 0))
+        except Exception:  # memory_stats is optional for a backend
+            pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def _pow2_at_least(k: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(k, 1))))
+
+
+def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None,
+               block_size=None) -> None:
+    """Block (runs vmapped together per device) and chunk width of a group."""
+    per_dev = budget / n_dev
+    if g.bytes_per_run > per_dev:
+        p = g.program
+        shape = ", ".join(f"{k} = {getattr(p, k)}" for k in ("d", "n", "T", "n_test")
+                          if hasattr(p, k))
+        raise ConfigError(
+            f"one run of {g.model.name} needs about {g.bytes_per_run / 2**30:.2f} GiB ({shape}) "
+            f"but the memory budget is {per_dev / 2**30:.2f} GiB per device; fix: lower d, n or "
+            "n_test, use test_mode = \"projected\", or raise --memory-budget")
+    hint = block_size or g.engine.block_size(g.model, g.program, platform)
+    g.block = max(1, min(hint, int(per_dev // max(g.bytes_per_run, 1))))
+    if chunk_size is not None:  # a forced chunk smaller than a block shrinks the block
+        g.block = max(1, min(g.block, chunk_size // n_dev))
+    unit = g.block * n_dev
+    if chunk_size is not None:
+        width = max(1, chunk_size)
+    else:
+        seconds = g.cost_per_run / rate(g.engine.name, platform)
+        width = int(max(unit, min(MAX_CHUNK, CHUNK_SECONDS * n_dev / max(seconds, 1e-9))))
+    # a power of two times the unit: few shapes, so resume and similar sweeps reuse programs
+    k = max(1, width // unit)
+    width = unit * (1 << int(math.floor(math.log2(k))))
+    g.width = min(width, unit * _pow2_at_least(math.ceil(g.n_runs / unit)))
+
+
+def _coinciding(spec: SweepSpec, i: int, j: int) -> str:
+    """Why cells ``i`` and ``j`` are one: the cases they come from, once the overrides applied."""
+    per_case = len(list(spec.cells())) // max(len(spec.cases), 1)
+    ci, cj = i // per_case + 1, j // per_case + 1
+    if ci != cj:
+        a, b = spec.cases[ci - 1], spec.cases[cj - 1]
+        what = f"they are {a} and {b}" if a or b else "--set overrides every setting they vary"
+        return (f"[[cases]] #{ci} and #{cj} are the same runs once --set is applied ({what}); "
+                "fix: drop the --set of a setting the cases vary, or one of the cases")
+    return (f"two cells of the grid are the same runs (cells {i + 1} and {j + 1}); fix: give each "
+            "axis distinct values")
+
+
+def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | None = None,
+         chunk_size: int | None = None, block_size: int | None = None) -> Plan:
+    """Group the cells by compiled program and size every group (no run is enumerated)."""
+    jax = _jax()
+    n_avail = len(jax.local_devices())
+    n_dev = max(1, min(n_devices or n_avail, n_avail))
+    budget = memory_budget or int(MEMORY_FRACTION * free_memory_bytes())
+    plat = platform_name()
+    groups: dict[tuple, Group] = {}
+    per_cell = spec.runs_per_cell()
+    seen: dict[str, int] = {}
+    for i, cell in enumerate(spec.cells()):
+        model, own = own_settings(cell)
+        same = seen.setdefault(json.dumps(own, sort_keys=True, default=repr), i)
+        if same != i:
+            raise ConfigError(_coinciding(spec, same, i))
+        static = model.static_of(own)
+        engine = resolve_engine(model, static)
+        program = engine.program(model, static)
+        key = (model.name, engine.name, program)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = Group(model, engine, program, [])
+        g.cells.append(cell)
+        g.n_runs += per_cell
+        g.bytes_per_run = max(g.bytes_per_run, engine.bytes_per_run(model, static))
+        g.cost_per_run = max(g.cost_per_run, engine.cost_per_run(model, static))
+    out = list(groups.values())
+    for g in out:
+        size_group(g, n_dev, budget, plat, chunk_size, block_size)
+    return Plan(spec, out, n_dev, budget, plat)
+
+
+
+def check_disk(pl: Plan, out_dir: Path) -> None:
+    """Refuse a sweep whose tables would not fit on disk (before any compute)."""
+    total = estimated_disk(pl)
+    probe = Path(out_dir)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if total > 0.5 * free:
+        raise ConfigError(
+            f"this sweep's tables need about {total / 2**30:.1f} GiB but {free / 2**30:.1f} GiB "
+            f"are free under {probe}; fix: record fewer steps (raise record_every, lower "
+            "record_log) or run fewer runs")
+
+
+def estimated_disk(pl: Plan) -> int:
+    total = 0
+    for g in pl.groups:
+        p = g.program
+        n_rec = len(record_steps(p.steps, p.record_every, p.record_log)) if g.model.trains else 0
+        T = getattr(p, "T", 8)
+        total += g.n_runs * (400 + n_rec * (60 + 4 * T) * 8 + p.n * 40)
+    return int(total)
+
+
+
+def fmt_time(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def describe(pl: Plan, out: Path) -> str:
+    """The dry run's text: per group the engine, runs, memory and time; the totals."""
+    spec = pl.spec
+    lines = [f"{spec.name}: {spec.n_runs} runs in {len(pl.groups)} compiled group(s) on "
+             f"{pl.n_dev} {pl.platform} device(s); output {out}"]
+    total_t = 0.0
+    for g in pl.groups:
+        t = g.n_runs * g.cost_per_run / (rate(g.engine.name, pl.platform) * pl.n_dev)
+        total_t += t + COMPILE_SECONDS
+        lines.append(f"  {g.label}: {g.n_runs} runs in {len(g.cells)} cell(s); block {g.block}, "
+                     f"chunk {g.width}; memory ~{g.block * g.bytes_per_run / 2**20:.1f} MiB per "
+                     f"device; ~{fmt_time(t)}")
+    lines.append(f"  estimated time ~{fmt_time(total_t)} (cost model of `phasebo bench`), tables "
+                 f"~{estimated_disk(pl) / 2**20:.1f} MiB on disk, memory budget "
+                 f"{pl.budget / 2**30:.1f} GiB")
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""The look shared by phasebo's figures: the backend choice, colours, axis labels, tick labels."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+
+import matplotlib
+
+# Agg unless a backend was chosen (MPLBACKEND, a notebook's inline backend, pyplot in use).
+if "MPLBACKEND" not in os.environ and not ({"matplotlib.pyplot", "ipykernel"} & set(sys.modules)):
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker as mticker  # noqa: E402
+import numpy as np  # noqa: E402
+
+# Okabe & Ito's colour-blind-safe palette: blue / vermillion / yellow stay distinct under every
+# common colour-vision deficiency.
+REGIME_COLORS = {"benign": "#0072B2", "harmful": "#D55E00", "not_overfitting": "#F0E442",
+                 "fitting": "#CC79A7", "no_noise": "#FFFFFF", "mixed": "#BBBBBB",
+                 "failed": "#303030"}
+CORE_REGIMES = ("benign", "harmful", "not_overfitting")  # always in a regime map's key
+ROLE_COLORS = {"rel": "#009E73", "weak": "#56B4E9", "weak_opp": "#D55E00", "irr": "#9a9a9a"}
+ROLE_LABELS = {"rel": "relevant", "weak": "weakly relevant", "weak_opp": "weak, opposite class",
+               "irr": "irrelevant"}
+LABELS = {
+    "signal_norm": "‖μ‖ (signal norm)", "d": "d (dimension)", "n": "n (training samples)",
+    "snr": "SNR", "n_snr2": "n·SNR²", "noise_ratio": "noise ratio", "lr": "step size",
+    "step": "step", "test_acc": "test accuracy", "train_acc": "train accuracy",
+    "test_loss": "test loss", "train_loss": "train loss",
+    "frac_noisy_fitted": "fraction of flipped samples fitted (at some step)",
+    "noisy_fit_step": "step all flipped samples fitted", "T": "T (tokens)",
+    "query_lambda": "λ (memorised noise in the query)", "weight_decay": "weight decay λ",
+}
+LOG_AXES = {"d", "n", "snr", "n_snr2", "lr", "n_test", "signal_norm", "weight_decay"}
+BOUNDED = ("_acc", "frac_")
+
+Theory = Callable[[np.ndarray], np.ndarray] | Mapping[str, Callable[[np.ndarray], np.ndarray]]
+
+
+def _label(col: str) -> str:
+    return LABELS.get(col, col.replace("_", " "))
+
+
+def _new(ax, figsize=(6.4, 5.0)):
+    if ax is not None:
+        return ax.figure, ax
+    return plt.subplots(figsize=figsize, layout="constrained")
+
+
+def _plain_log(axis):
+    """Plain numbers (250, 1000, 0.05) instead of powers of ten on a log axis."""
+    axis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(mticker.FuncFormatter(_num))
+    axis.set_minor_formatter(mticker.NullFormatter())
+
+
+def _num(v, _=None) -> str:
+    """A tick label: integers in full (4000, not 4e+03), other values to 3 significant digits."""
+    return f"{int(round(v))}" if abs(v - round(v)) < 1e-9 and abs(v) < 1e7 else f"{v:.3g}"
+
+
+def _short(col: str) -> str:
+    return {"signal_norm": "‖μ‖", "noise_ratio": "r"}.get(col, col)

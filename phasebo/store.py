@@ -1,0 +1,202 @@
+"""The results directory: its manifest (with the history of every invocation), its parts and
+their provenance, and the wait of process 0 for the other processes' parts.
+
+Layout of ``results/<sweep>/``: ``manifest.json`` (the specification, the provenance of the latest
+invocation that added runs, and ``history``: one entry per invocation), ``parts/`` (one Parquet
+part per finished chunk and table, written atomically; a ``results-*`` part marks its runs as
+done), then the assembled tables (``results.parquet``, ``results.csv``, ``dynamics.parquet``,
+``samples.parquet``) and the figures. A directory holding runs of another sweep is refused unless
+the new sweep only grows it (:func:`compatible`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as _platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from . import config as C
+from .config import SweepSpec
+from .settings import ConfigError
+
+TABLES = ("results.parquet", "results.csv", "dynamics.parquet", "samples.parquet")
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".html")  # what a sweep draws into its directory
+HISTORY_KEYS = ("invocation", "started", "finished", "command", "new_runs", "wall_s", "compile_s", "run_s",
+                "phasebo_version", "git_commit", "host", "platform", "device_count")
+
+
+def check_out_dir(out_dir: Path) -> None:
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file, not a directory; fix: give a directory "
+                          "(it is created if missing)")
+    probe = out_dir
+    while not probe.exists():
+        probe = probe.parent
+    if probe.is_file():
+        raise ConfigError(f"--out {out_dir}: {probe} is a file; fix: choose another directory")
+    if not os.access(probe, os.W_OK):
+        raise ConfigError(f"--out {out_dir}: {probe} is not writable; fix: choose another "
+                          "directory")
+
+
+def compatible(old: dict, new: SweepSpec) -> str | None:
+    """Why the runs already in a directory (``old``: its manifest's spec) are not part of the
+    sweep ``new`` (None: every old value of every setting is still a value of it, so the new sweep
+    only grows the old one)."""
+    old_spec = SweepSpec(name=old.get("name", ""), fixed=old.get("fixed", {}),
+                         axes=old.get("axes", {}), seeds=old.get("seeds", 1),
+                         cases=tuple(old.get("cases", [{}])))
+    names = old_spec.setting_names() | new.setting_names()
+    defaults = C.all_settings()
+
+    def vals(spec, k):
+        v = spec.values(k)
+        if len(v) < len(spec.cases) or not v:
+            v = [*v, defaults[k].default]
+        return {json.dumps(x, default=list) for x in v}
+
+    for k in sorted(names):
+        if k not in defaults:
+            continue
+        before, after = vals(old_spec, k), vals(new, k)
+        lost = before - after
+        if lost:
+            return (f"{k} had {', '.join(sorted(lost))} there, which this sweep no longer has "
+                    f"(it has {', '.join(sorted(after))})")
+    if new.seeds < old_spec.seeds:
+        return f"it has {old_spec.seeds} seeds per cell, this sweep {new.seeds}"
+    return None
+
+
+
+
+def read_manifest(out_dir: Path) -> dict:
+    """The directory's manifest, or ``{}`` when there is none (or it is unreadable)."""
+    try:
+        return json.loads((Path(out_dir) / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def clear_derived(out_dir: Path) -> None:
+    """Remove the parts and everything made from them: tables and figures (``--overwrite``)."""
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir / "parts", ignore_errors=True)
+    shutil.rmtree(out_dir / "figures", ignore_errors=True)
+    for f in TABLES:
+        (out_dir / f).unlink(missing_ok=True)
+    if out_dir.is_dir():
+        for f in out_dir.iterdir():
+            if f.is_file() and f.suffix in FIGURE_SUFFIXES:
+                f.unlink()
+
+
+def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_index: int = 0,
+                    wait_timeout: float = 600.0, provenance: dict | None = None) -> Path:
+    """Create ``out_dir`` with its manifest. A directory holding another sweep's runs is refused
+    unless this sweep only grows it (more seeds, more axis values) or ``overwrite`` (which removes
+    its parts, tables and figures).
+
+    With several processes, process 0 prepares the directory and the others wait for its
+    manifest (a shared file system is assumed, as on a cluster).
+    """
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir)
+    new = spec.to_dict()
+    if process_index > 0:
+        deadline = time.monotonic() + wait_timeout
+        while time.monotonic() < deadline:
+            if read_manifest(out_dir).get("spec") == new and (out_dir / "parts").is_dir():
+                return out_dir
+            time.sleep(0.2)
+        raise ConfigError(f"process {process_index}: process 0 did not prepare {out_dir} "
+                          f"within {wait_timeout:.0f} s; is --out on a shared file system?")
+    old = read_manifest(out_dir)
+    if old and not overwrite:
+        why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
+        if why:
+            raise ConfigError(f"{out_dir} holds runs of another sweep: {why}; fix: choose another "
+                              "--out, or pass --overwrite to discard them")
+    if overwrite:
+        clear_derived(out_dir)
+        old = {}
+    (out_dir / "parts").mkdir(parents=True, exist_ok=True)
+    write_manifest(out_dir, spec, provenance or {}, history=old.get("history", []),
+                   previous=old)
+    return out_dir
+
+
+def write_manifest(out_dir: Path, spec: SweepSpec, provenance: dict, history=None,
+                   previous: dict | None = None) -> None:
+    """Write the manifest atomically. Its top level holds the provenance of the latest invocation
+    that added runs (``previous``'s is kept while this one has added none); ``history`` gains
+    this invocation's entry (replacing its own earlier entry, same ``invocation`` id)."""
+    manifest = Path(out_dir) / "manifest.json"
+    if history is None:
+        history = read_manifest(out_dir).get("history", [])
+    entry = {k: provenance[k] for k in HISTORY_KEYS if k in provenance}
+    history = [h for h in history if h.get("invocation") != entry.get("invocation")] + [entry]
+    top = provenance
+    prev = previous if previous is not None else read_manifest(out_dir)
+    if not provenance.get("new_runs") and prev.get("new_runs"):
+        top = {k: v for k, v in prev.items() if k not in ("name", "n_runs", "spec", "history")}
+    body = {"name": spec.name, "n_runs": spec.n_runs, "spec": spec.to_dict(), **top,
+            "history": history}
+    tmp = manifest.with_name(f".manifest.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(body, indent=1, default=repr))
+    os.replace(tmp, manifest)
+
+
+def command_line(argv=None) -> str:
+    """The command as a shell would take it back (quoted), ``python -m phasebo.sweep`` for the
+    module entry point."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and argv[0].endswith(("phasebo/sweep.py", "phasebo/__main__.py")):
+        head = ["python", "-m", "phasebo.sweep" if argv[0].endswith("sweep.py") else "phasebo"]
+        argv = head + argv[1:]
+    elif argv and Path(argv[0]).name == "phasebo":
+        argv = ["phasebo"] + argv[1:]
+    return shlex.join(argv)
+
+
+def provenance() -> dict:
+    """Versions, commit, command line and devices: what a results directory was made by."""
+    import jax
+
+    from . import __version__
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    devs = jax.local_devices()
+    return {"invocation": uuid.uuid4().hex[:12], "phasebo_version": __version__,
+            "jax_version": jax.__version__, "git_commit": commit,
+            "command": command_line(), "python": _platform.python_version(),
+            "host": _platform.node(), "device_kind": devs[0].device_kind,
+            "platform": devs[0].platform, "device_count": len(devs),
+            "process_count": jax.process_count()}
+
+
+def wait_for_runs(parts: Path, n_runs: int, timeout: float, quiet: bool) -> None:
+    """Process 0: wait until the other processes' parts hold every run."""
+    from .results import done_run_ids
+
+    deadline = time.monotonic() + timeout
+    said = False
+    while len(done_run_ids(parts)) < n_runs:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for the other processes' parts in {parts}")
+        if not quiet and not said:
+            print("process 0: waiting for the other processes' parts", file=sys.stderr)
+            said = True
+        time.sleep(1.0)

@@ -1,0 +1,114 @@
+"""The results directory: the manifest's history, --overwrite, canonical override directories,
+the dry run's account of what is done, and a quoted command line."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from phasebo.cli.sweep import main, override_slug
+from phasebo.config import load_sweep, parse_set, spec_from_dict
+from phasebo.store import command_line, read_manifest
+from phasebo.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(engine="reduced", d=40, steps=4, n_test=20)
+
+
+def tiny(seeds=1, mus=(3.0, 30.0)):
+    return spec_from_dict(TINY, {"signal_norm": list(mus)}, seeds=seeds, name="tiny")
+
+
+def test_the_manifest_keeps_every_invocation_and_the_provenance_of_the_runs(tmp_path):
+    out = tmp_path / "o"
+    run_sweep(tiny(), out, quiet=True, plots=False)
+    first = read_manifest(out)
+    assert first["new_runs"] == 2 and len(first["history"]) == 1
+    run_sweep(tiny(), out, quiet=True, plots=False)  # nothing to do
+    again = read_manifest(out)
+    assert [h["new_runs"] for h in again["history"]] == [2, 0]
+    # the top level still describes the invocation that made the runs
+    assert again["invocation"] == first["invocation"] and again["new_runs"] == 2
+    run_sweep(tiny(seeds=2), out, quiet=True, plots=False)  # grown: 2 new runs
+    grown = read_manifest(out)
+    assert [h["new_runs"] for h in grown["history"]] == [2, 0, 2]
+    assert grown["new_runs"] == 2
+    assert grown["invocation"] == grown["history"][-1]["invocation"] != first["invocation"]
+
+
+def test_overwrite_removes_the_parts_tables_and_figures(tmp_path):
+    out = tmp_path / "o"
+    run_sweep(tiny(), out, quiet=True, plots=True)
+    figures = sorted(p.name for p in out.glob("*.png"))
+    assert figures and (out / "results.parquet").exists()
+    (out / "figures").mkdir()
+    (out / "figures" / "map_regime_d_vs_signal_norm.png").write_bytes(b"old")
+    (out / "notes.txt").write_text("the user's own file")
+    run_sweep(tiny(mus=(5.0, 50.0)), out, overwrite=True, quiet=True, plots=False)
+    assert not list(out.glob("*.png")) and not (out / "figures").exists()
+    assert (out / "notes.txt").exists()  # not phasebo's: kept
+    assert len(list((out / "parts").glob("results-*"))) >= 1
+    assert [h["new_runs"] for h in read_manifest(out)["history"]] == [2]  # a new directory
+
+
+def test_reordered_or_respelled_overrides_name_the_same_directory():
+    spec_file = ROOT / "sweeps" / "default.toml"
+    forms = (["d=[100, 1000]", "noise_ratio=0.2"], ["noise_ratio=0.2", "d=[100, 1000]"],
+             ["noise_ratio = 0.20", "d=[100,1000]"])
+    slugs = {override_slug(parse_set(f), load_sweep(spec_file, parse_set(f))) for f in forms}
+    assert slugs == {"d=100+1000,noise_ratio=0.2"}
+    rng = parse_set(["lr={start=0.1, stop=0.4, step=0.1}"])
+    listed = parse_set(["lr=[0.1, 0.2, 0.3, 0.4]"])
+    a = override_slug(rng, load_sweep(spec_file, rng))
+    assert a == "lr=0.1+0.2+0.3+0.4"
+    assert a == override_slug(listed, load_sweep(spec_file, listed))
+    long = parse_set([f"signal_norm={list(range(1, 80))}"])
+    s = override_slug(long, load_sweep(spec_file, long))
+    assert len(s) <= 120 and s != override_slug(
+        parse_set([f"signal_norm={list(range(1, 81))}"]),
+        load_sweep(spec_file, parse_set([f"signal_norm={list(range(1, 81))}"])))
+
+
+def test_the_dry_run_says_what_is_done_and_refuses_what_the_run_would(tmp_path, capsys):
+    f = tmp_path / "tiny.toml"
+    f.write_text('name = "tiny"\nseeds = 2\n[settings]\nengine = "reduced"\nd = 40\nsteps = 4\n'
+                 'n_test = 20\n[axes]\nsignal_norm = [3.0, 30.0]\n')
+    out = tmp_path / "o"
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots"]) == 0
+    assert "4 runs to run" in capsys.readouterr().out
+    run_sweep(load_sweep(f, seeds=1), out, quiet=True, plots=False)
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots"]) == 0
+    assert "2 of 4 runs done, 2 to run" in capsys.readouterr().out
+    # fewer seeds than the directory holds: the real run refuses, so does the dry run
+    run_sweep(load_sweep(f), out, quiet=True, plots=False)
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "holds runs of another sweep" in err and "2 seeds per cell" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_coinciding_cases_are_refused_before_anything_runs(tmp_path, capsys):
+    f = ROOT / "sweeps" / "sakamoto_fig3.toml"
+    rc = main([str(f), "--set", "d=1500", "--set", "signal_norm=10", "--out", str(tmp_path / "o"),
+               "--quiet", "--no-plots"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "[[cases]] #1 and #2 are the same runs" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["/x/phasebo/sweep.py", "sweeps/default.toml", "--set", "signal_norm=[10, 40]"],
+     "python -m phasebo.sweep sweeps/default.toml --set 'signal_norm=[10, 40]'"),
+    (["/usr/bin/phasebo", "sweep", "a b.toml"], "phasebo sweep 'a b.toml'"),
+])
+def test_the_manifest_command_can_be_pasted_back(argv, expected):
+    assert command_line(argv) == expected
+    assert shlex.split(command_line(argv))[-1] == argv[-1]
+
+
+def test_the_manifest_is_json_with_the_spec(tmp_path):
+    out = tmp_path / "o"
+    run_sweep(tiny(), out, quiet=True, plots=False)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["spec"]["axes"] == {"signal_norm": [3.0, 30.0]} and m["n_runs"] == 2
