@@ -1,7 +1,8 @@
 """Every notebook executes at its small size, and is committed without outputs.
 
 The notebooks run concurrently, each in its own process and kernel (nbclient), so that on a
-2-core machine the three finish in about the time of the two slowest; each writes its sweeps under
+2-core machine they finish in about the time of the two slowest (real_data, which pretrains a
+ViT, with -m slow); each writes its sweeps under
 a temporary ``PHASEBO_NOTEBOOK_OUT``.
 """
 
@@ -43,10 +44,13 @@ def test_the_three_notebooks_exist_and_are_stripped():
         assert size and 'SIZE = "small"' in size[0], f"{p.name}: the size knob must be small"
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory):
+# real_data.ipynb pretrains its ViT in the kernel (~3 min here with the others beside it): -m slow
+SLOW = {"real_data"}
+
+
+def _execute(paths, tmp_path_factory):
     procs = {}
-    for p in NOTEBOOKS:
+    for p in paths:
         d = tmp_path_factory.mktemp(p.stem)
         env = dict(os.environ)
         env.update(PHASEBO_NOTEBOOK_OUT=str(d / "runs"), MPLBACKEND="Agg",
@@ -66,9 +70,20 @@ def executed(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", [p.stem for p in NOTEBOOKS])
-def test_notebook_executes(executed, name):
-    rc, err, d = executed[name]
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    return _execute([p for p in NOTEBOOKS if p.stem not in SLOW], tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", [p.stem if p.stem not in SLOW else
+                                  pytest.param(p.stem, marks=pytest.mark.slow)
+                                  for p in NOTEBOOKS])
+def test_notebook_executes(request, tmp_path_factory, name):
+    if name in SLOW:
+        done = _execute([ROOT / "notebooks" / f"{name}.ipynb"], tmp_path_factory)
+    else:
+        done = request.getfixturevalue("executed")
+    rc, err, d = done[name]
     assert rc == 0, f"{name}.ipynb failed:\n{err[-4000:]}"
     nb = nbformat.read(d / "executed.ipynb", as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
