@@ -216,7 +216,7 @@ class Executor:
                 stats.compile_s += time.perf_counter() - t
                 bar.resume()
                 for item in stream:
-                    if interrupted[0]:
+                    if interrupted.stop:
                         raise KeyboardInterrupt
                     if max_chunks is not None and stats.chunks >= max_chunks:
                         stats.stopped = True
@@ -226,6 +226,7 @@ class Executor:
                     else:
                         arrays, cols = chunk_arrays(spec, g, item, g.width)
                     t = time.perf_counter()
+                    interrupted.saving = True  # a Ctrl-C from here on stops after the writes
                     dev = {n: jax.numpy.asarray(v) for n, v in arrays.items()}
                     out = jax.device_get(compiled(dev))
                     res, dyn, smp = rows(spec, g, cols, out)
@@ -238,34 +239,44 @@ class Executor:
                     if smp is not None:
                         write_table_atomic(smp, parts / f"samples-{tag}")
                     write_table_atomic(res, parts / f"results-{tag}")
+                    interrupted.saving = False
                     stats.run_s += time.perf_counter() - t
                     stats.chunks += 1
                     stats.n_new += len(res)
                     bar.update(len(res))
-            if interrupted[0]:
+            if interrupted.stop:
                 raise KeyboardInterrupt
         finally:
             bar.close()
 
 
+@dataclasses.dataclass
+class _Interrupt:
+    stop: bool = False  # a Ctrl-C came: stop before the next chunk
+    saving: bool = False  # a chunk is being computed and written: let it finish
+
 
 @contextlib.contextmanager
 def _interruptible():
-    """SIGINT raises KeyboardInterrupt as usual and also sets a flag that the chunk loop reads
-    after every chunk: Python swallows an exception raised inside a garbage-collector callback
-    (jax registers one), and a Ctrl-C landing there must still stop the sweep."""
-    flag = [False]
+    """SIGINT sets ``stop``, which the chunk loop reads before every chunk; outside a chunk's
+    compute and writes it also raises KeyboardInterrupt at once (a compile or the plan stops
+    there). A chunk being computed when the Ctrl-C comes is finished and saved first: the signal
+    is handled only when the computation returns to Python anyway, and its runs are then done.
+    (The flag also stops the sweep when Python swallows the exception, as it does inside a
+    garbage-collector callback, which jax registers.)"""
+    state = _Interrupt()
     if threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield state
         return
 
     def handler(signum, frame):
-        flag[0] = True
-        raise KeyboardInterrupt
+        state.stop = True
+        if not state.saving:
+            raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGINT, handler)
     try:
-        yield flag
+        yield state
     finally:
         signal.signal(signal.SIGINT, old)
 

@@ -334,8 +334,9 @@ def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
 
 
 def test_ctrl_c_exits_130_without_traceback(tiny_file, flags, tmp_path):
-    """SIGINT once the sweep is computing (a run done, per the progress bar): exit 130, a
-    one-line note on stderr, the finished chunks kept as parts, no assembled tables."""
+    """SIGINT once the sweep is computing (a run done, per the progress bar): exit 130 within
+    5 s, a one-line note on stderr, every finished chunk kept whole as parts (its results, dynamics
+    and samples), no assembled tables."""
     out = tmp_path / "big"
     proc = subprocess.Popen([sys.executable, "-m", "phasebo", "sweep", str(tiny_file), "--out",
                              str(out), *map(str, flags), "--seeds", "500", "--no-plots"],
@@ -356,10 +357,12 @@ def test_ctrl_c_exits_130_without_traceback(tiny_file, flags, tmp_path):
             assert time.monotonic() < deadline, "the sweep did not start computing\n" + err.decode()
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
         try:
             code = proc.wait(timeout=30)  # about a second when the interrupt stops it
         except subprocess.TimeoutExpired:
             code = None  # the interrupt was lost: the sweep runs on
+        took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -369,8 +372,14 @@ def test_ctrl_c_exits_130_without_traceback(tiny_file, flags, tmp_path):
     text = err.decode()
     assert code is not None, f"still running 30 s after SIGINT:\n{text}"
     assert code == 130, f"exit {code} after SIGINT:\n{text}"
+    assert took <= 5.0, f"{took:.1f} s from SIGINT to exit"
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert "interrupted: finished chunks are saved under" in text
     parts = list((out / "parts").glob("results-*.parquet"))
     assert 1 <= len(parts) < 500
     assert not (out / "results.parquet").exists()
+    for p in parts:  # whole chunks: each part holds its chunk's runs, with their other tables
+        assert len(pd.read_parquet(p)) == CHUNK, p.name
+        tag = p.name.removeprefix("results-")
+        assert {q.name.split("-")[0] for q in (out / "parts").glob(f"*-{tag}")} >= {"results",
+                                                                                     "samples"}
