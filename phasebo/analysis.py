@@ -229,7 +229,11 @@ def at_step(df: pd.DataFrame, step) -> pd.DataFrame:
                                                              [c for c in df.columns if c != STEP][:1])
         last = df.groupby(keys, sort=False, dropna=False, observed=True)[STEP].transform("max")
         return df[df[STEP] == last]
-    want = np.atleast_1d(np.asarray(step, np.int64))
+    asked = np.atleast_1d(np.asarray(step))
+    if not np.issubdtype(asked.dtype, np.number) or np.any(asked != np.round(asked)):
+        raise ValueError(f"step = {step!r}: a step is a whole number; give a recorded step, a "
+                         "list of them or 'last'")
+    want = asked.astype(np.int64)
     have = np.unique(df[STEP].to_numpy(np.int64))
     bad = [int(s) for s in want if s not in have]
     if bad:

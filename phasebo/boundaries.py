@@ -108,7 +108,7 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     keep = (reg == A) | (reg == B)
     out = {"n_runs": int(keep.sum()), "n_a": int((reg == A).sum()), "n_b": int((reg == B).sum()),
            "n_other": int((~keep).sum()), "boundary": np.nan, "lo": np.nan, "hi": np.nan,
-           "slope": np.nan, "pseudo_r2": np.nan}
+           "slope": np.nan, "pseudo_r2": np.nan, "ci_level": level}
     d = d[keep]
     xv = d[x].to_numpy(float)
     out["n_seeds"] = int(len(np.unique(_seed_units(d)))) if len(d) else 0
@@ -139,7 +139,8 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     # the spread itself is estimated: widen by t_{U-1} sqrt(U / (U - 1)) / z (≈ 1.10 at U = 20)
     f = _t_quantile(1 - alpha, U - 1) * math.sqrt(U / max(U - 1, 1)) / NormalDist().inv_cdf(
         1 - alpha) if U > 1 else 1.0
-    lo, hi = est - f * (est - lo), est + f * (hi - est)
+    with np.errstate(invalid="ignore"):  # a flat fit (slope 0): est is infinite, so are these
+        lo, hi = est - f * (est - lo), est + f * (hi - est)
     # separated: the B runs all on one side of the A runs; the data say only "in this gap"
     xa, xb = t[yb == 0], t[yb == 1]
     status = "ok"
@@ -298,7 +299,7 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
         back = np.exp if log else (lambda v: v)
         rows.append({**dict(zip(keys, key)), "boundary": float(back(est)),
                      "lo": float(back(lo)), "hi": float(back(hi)), "n_seeds": U,
-                     "n_x": len(xs), "n_crossings": nc,
+                     "n_x": len(xs), "n_crossings": nc, "ci_level": ci,
                      "status": "ok" if np.isfinite(est) else "no_crossing"})
     out = pd.DataFrame(rows)
     if out.empty:
@@ -328,7 +329,10 @@ def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float 
         lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
         good = (lo_ > 0) & (hi_ > 0)  # an interval reaching 0 has no width on log axes
         sd = np.full(len(ok), np.nan)
-        sd[good] = (np.log(hi_[good]) - np.log(lo_[good])) / (2 * Z95)
+        # the points' own interval level (boundaries' ``level``; 95 % when the table lacks it)
+        lv = ok["ci_level"].to_numpy(float) if "ci_level" in ok.columns else np.full(len(ok), .95)
+        zb = np.array([NormalDist().inv_cdf(0.5 + v / 2) for v in lv])
+        sd[good] = (np.log(hi_[good]) - np.log(lo_[good])) / (2 * zb[good])
         sd = np.where(np.isfinite(sd) & (sd > 0), sd, np.nan)
         sd = np.where(np.isnan(sd), np.nanmedian(sd) if np.isfinite(sd).any() else 1.0, sd)
         sd = np.maximum(sd, 1e-6)

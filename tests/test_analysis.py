@@ -181,3 +181,11 @@ def test_loading_an_interrupted_sweep(tmp_path):
     with pytest.raises(pb.ConfigError, match="unfinished sweep.*partial=True"):
         pb.load(tmp_path / "s")
     assert len(pb.load(tmp_path / "s", partial=True)) == 4
+
+
+def test_at_step_refuses_a_step_that_is_not_whole():
+    dyn = pd.DataFrame({"run_id": [1, 1, 2, 2], "step": [0, 100, 0, 100], "test_acc": [.5, .9, .5, .8]})
+    assert len(A.at_step(dyn, 100)) == 2 and len(A.at_step(dyn, np.float64(100.0))) == 2
+    for bad in (100.5, [0, 99.99999]):
+        with pytest.raises(ValueError, match="whole number"):
+            A.at_step(dyn, bad)

@@ -4,6 +4,8 @@ The estimator is checked on synthetic tables with a planted boundary (a logistic
 boundary follows a known power law), where the truth is known; refinement is checked on a real
 small sweep."""
 
+from statistics import NormalDist
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -191,3 +193,29 @@ def test_refinement_adds_points_between_disagreeing_neighbours_and_resumes(tmp_p
     # the same command again plans the same rounds and runs nothing new
     runs2, _ = pb.refine_sweep(spec, r, tmp_path / "ref", quiet=True)
     assert len(runs2) == len(runs) and set(runs2["run_id"]) == set(runs["run_id"])
+
+
+def test_a_flat_slice_is_outside_range_without_a_warning():
+    """harmful only at the middle x, in every seed: the fitted slope is exactly 0 and the estimate
+    infinite; the row says outside_range (and, the suite turning warnings into errors, nothing
+    warns)."""
+    rows = [{"d": 1, "x": x, "seed": s, "regime": "harmful" if x == 10 else "benign"}
+            for x in (1.0, 10.0, 100.0) for s in range(2)]
+    b = boundaries(pd.DataFrame(rows), "x", "d", ("benign", "harmful"), n_boot=50, seed=0)
+    assert b["status"].tolist() == ["outside_range"] and np.isnan(b["boundary"].iloc[0])
+
+
+def test_the_power_law_reads_the_points_intervals_at_their_level():
+    """The same points with intervals at 90 % and at 95 % (each its level's width) give one fit:
+    the interval level travels with the table (ci_level)."""
+    ds = np.array([100.0, 300.0, 1000.0, 3000.0])
+    bx = 2.0 * ds ** 0.5 * np.array([1.0, 1.08, 0.95, 1.03])
+    half = 0.1  # the log-sd of each point
+    fits = []
+    for level in (0.90, 0.95):
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        b = pd.DataFrame({"d": ds, "boundary": bx, "lo": bx * np.exp(-z * half),
+                          "hi": bx * np.exp(z * half), "status": "ok", "ci_level": level})
+        fits.append(fit_power_law(b, "d"))
+    for k in ("exponent", "lo", "hi", "chi2_dof"):
+        assert fits[0][k] == pytest.approx(fits[1][k], rel=1e-9), k

@@ -438,7 +438,7 @@ def test_at_step_messages():
 # --------------------------------------------------------------------------------------------
 
 SLICE_KEYS = {"n_runs", "n_a", "n_b", "n_other", "boundary", "lo", "hi", "slope", "pseudo_r2",
-              "n_seeds", "n_x", "status"}
+              "n_seeds", "n_x", "status", "ci_level"}
 
 
 def _fit_slice(rows, log=False, seed=0):
