@@ -28,8 +28,9 @@ from .settings import ConfigError
 
 TABLES = ("results.parquet", "results.csv", "dynamics.parquet", "samples.parquet")
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".html")  # what a sweep draws into its directory
-HISTORY_KEYS = ("invocation", "started", "finished", "command", "new_runs", "wall_s", "compile_s", "run_s",
-                "phasebo_version", "git_commit", "host", "platform", "device_count")
+HISTORY_KEYS = ("invocation", "subset", "started", "finished", "command", "new_runs", "wall_s",
+                "compile_s", "run_s", "phasebo_version", "git_commit", "host", "platform",
+                "device_count")
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -120,25 +121,40 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
         raise ConfigError(f"process {process_index}: process 0 did not prepare {out_dir} "
                           f"within {wait_timeout:.0f} s; is --out on a shared file system?")
     old = read_manifest(out_dir)
+    provenance = {} if provenance is None else provenance
     if old and not overwrite:
         why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
-        if why:
+        if why and runs_done(out_dir, spec):
+            provenance["subset"] = True  # every run of this sweep is there: tables of those
+        elif why:
             raise ConfigError(f"{out_dir} holds runs of another sweep: {why}; fix: choose another "
                               "--out, or pass --overwrite to discard them")
     if overwrite:
         clear_derived(out_dir)
         old = {}
     (out_dir / "parts").mkdir(parents=True, exist_ok=True)
-    write_manifest(out_dir, spec, provenance or {}, history=old.get("history", []),
-                   previous=old)
+    write_manifest(out_dir, spec, provenance, history=old.get("history", []), previous=old)
     return out_dir
+
+
+def runs_done(out_dir: Path, spec: SweepSpec) -> bool:
+    """Whether every run of ``spec`` is already in ``out_dir``'s parts (a subset of its runs)."""
+    import numpy as np
+
+    from .grid import spec_run_ids
+    from .results import done_run_ids
+
+    done = done_run_ids(Path(out_dir) / "parts")
+    return bool(len(done)) and bool(np.isin(spec_run_ids(spec), done).all())
 
 
 def write_manifest(out_dir: Path, spec: SweepSpec, provenance: dict, history=None,
                    previous: dict | None = None) -> None:
     """Write the manifest atomically. Its top level holds the provenance of the latest invocation
     that added runs (``previous``'s is kept while this one has added none); ``history`` gains
-    this invocation's entry (replacing its own earlier entry, same ``invocation`` id)."""
+    this invocation's entry (replacing its own earlier entry, same ``invocation`` id). For a
+    sweep that is a subset of the directory's runs (``provenance["subset"]``) the manifest keeps
+    the directory's specification and records the tables' as ``tables_spec``."""
     manifest = Path(out_dir) / "manifest.json"
     if history is None:
         history = read_manifest(out_dir).get("history", [])
@@ -147,9 +163,14 @@ def write_manifest(out_dir: Path, spec: SweepSpec, provenance: dict, history=Non
     top = provenance
     prev = previous if previous is not None else read_manifest(out_dir)
     if not provenance.get("new_runs") and prev.get("new_runs"):
-        top = {k: v for k, v in prev.items() if k not in ("name", "n_runs", "spec", "history")}
-    body = {"name": spec.name, "n_runs": spec.n_runs, "spec": spec.to_dict(), **top,
-            "history": history}
+        top = {k: v for k, v in prev.items() if k not in ("name", "n_runs", "spec", "history",
+                                                          "subset")}
+    body = {"name": spec.name, "n_runs": spec.n_runs, "spec": spec.to_dict()}
+    if provenance.get("subset") and prev.get("spec"):
+        body.update(name=prev.get("name", spec.name), n_runs=prev.get("n_runs"),
+                    spec=prev["spec"], tables_spec=spec.to_dict(), tables_n_runs=spec.n_runs)
+    top = {k: v for k, v in top.items() if k not in ("tables_spec", "tables_n_runs")}
+    body.update(**top, history=history)
     tmp = manifest.with_name(f".manifest.json.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(body, indent=1, default=repr))
     os.replace(tmp, manifest)

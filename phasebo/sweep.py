@@ -88,6 +88,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         raise
     if stats.stopped:
         return None
+    if prov.get("subset") and not quiet:
+        print(f"{spec.name}: every run of this sweep is already in {out_dir} (a subset of its "
+              "runs): its tables and figures are of this sweep's runs; the directory's own "
+              "command assembles all of them again", file=sys.stderr)
     if pc > 1:
         if pi != 0:
             if not quiet:

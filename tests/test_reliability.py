@@ -305,5 +305,6 @@ def test_a_changed_fixed_setting_is_refused_not_mixed(tmp_path):
                              seeds=2, name="grow")
     with pytest.raises(ConfigError, match="steps had 40 there"):
         run_sweep(changed, tmp_path / "a", quiet=True, plots=False)
+    # fewer values but also a new one: neither a subset nor a growth of the directory's runs
     with pytest.raises(ConfigError, match="signal_norm had 30.0 there"):
-        run_sweep(_grow_spec(2, mus=(3.0,)), tmp_path / "a", quiet=True, plots=False)
+        run_sweep(_grow_spec(2, mus=(3.0, 10.0)), tmp_path / "a", quiet=True, plots=False)

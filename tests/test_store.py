@@ -80,12 +80,15 @@ def test_the_dry_run_says_what_is_done_and_refuses_what_the_run_would(tmp_path, 
     run_sweep(load_sweep(f, seeds=1), out, quiet=True, plots=False)
     assert main([str(f), "--out", str(out), "--dry-run", "--no-plots"]) == 0
     assert "2 of 4 runs done, 2 to run" in capsys.readouterr().out
-    # fewer seeds than the directory holds: the real run refuses, so does the dry run
+    # another setting than the directory's runs: the real run refuses, so does the dry run
     run_sweep(load_sweep(f), out, quiet=True, plots=False)
-    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots", "--seeds", "1"]) == 2
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots", "--set", "lr=0.1"]) == 2
     err = capsys.readouterr().err
-    assert "holds runs of another sweep" in err and "2 seeds per cell" in err
+    assert "holds runs of another sweep: lr had " in err
     assert len(err.strip().splitlines()) == 1
+    # fewer seeds: a subset of the runs there, nothing to run
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots", "--seeds", "1"]) == 0
+    assert "all 2 runs done: a subset of the 4 runs there" in capsys.readouterr().out
 
 
 def test_coinciding_cases_are_refused_before_anything_runs(tmp_path, capsys):
@@ -112,3 +115,22 @@ def test_the_manifest_is_json_with_the_spec(tmp_path):
     run_sweep(tiny(), out, quiet=True, plots=False)
     m = json.loads((out / "manifest.json").read_text())
     assert m["spec"]["axes"] == {"signal_norm": [3.0, 30.0]} and m["n_runs"] == 2
+
+
+def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path):
+    """The README's command on a directory grown beyond it (more seeds, more values): nothing
+    runs, nothing is deleted, the tables hold the smaller sweep's runs (the same numbers), and the
+    bigger sweep's command assembles every run again."""
+    out = tmp_path / "o"
+    big = run_sweep(tiny(seeds=3, mus=(3.0, 10.0, 30.0)), out, quiet=True, plots=False)
+    parts = sorted(p.name for p in (out / "parts").iterdir())
+    small = run_sweep(tiny(seeds=2, mus=(3.0, 30.0)), out, quiet=True, plots=False)
+    assert sorted(p.name for p in (out / "parts").iterdir()) == parts  # nothing ran or went
+    assert len(small) == 4 and set(small["signal_norm"]) == {3.0, 30.0}
+    same = big.set_index("run_id").loc[small["run_id"], "test_loss"].to_numpy()
+    assert (same == small["test_loss"].to_numpy()).all()
+    m = read_manifest(out)
+    assert m["n_runs"] == 9 and m["tables_n_runs"] == 4 and m["history"][-1]["subset"] is True
+    assert m["spec"]["seeds"] == 3  # the directory's runs, for the next sweep's check
+    again = run_sweep(tiny(seeds=3, mus=(3.0, 10.0, 30.0)), out, quiet=True, plots=False)
+    assert len(again) == 9 and "tables_spec" not in read_manifest(out)

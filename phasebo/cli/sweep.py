@@ -20,7 +20,7 @@ from ..execute import traced_columns
 from ..grid import spec_run_ids
 from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
-from ..store import check_out_dir, compatible, read_manifest
+from ..store import check_out_dir, compatible, read_manifest, runs_done
 from ..sweep import run_sweep
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
@@ -171,6 +171,10 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
         print(f"  {spec.n_runs} runs to run ({out} holds none)")
         return
     why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
+    if why and runs_done(out, spec):
+        print(f"  all {spec.n_runs} runs done: a subset of the {old.get('n_runs')} runs there "
+              "(its tables and figures will be of these runs)")
+        return
     if why:
         raise ConfigError(f"{out} holds runs of another sweep: {why}; fix: choose another --out, "
                           "or pass --overwrite to discard them")
