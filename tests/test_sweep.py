@@ -1,5 +1,6 @@
-"""The sweep driver: the grid, compile groups, one trace per program, chunking invariance, the CLI
-and its errors."""
+"""The sweep driver and its command line: the results schema, regime thresholds from the file,
+cases and includes, every shipped sweep file validated and dry-run, the CLI's errors (the grid,
+the plan and the executor have test_grid.py, test_plan.py and test_execute.py)."""
 
 import os
 import re
@@ -13,11 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from phasebo import grid as G
-from phasebo import plan as P
 from phasebo.cli.sweep import main
 from phasebo.config import load_sweep, spec_from_dict
-from phasebo.execute import Executor, count_compiles
 from phasebo.settings import ConfigError
 from phasebo.sweep import run_sweep
 
@@ -50,71 +48,14 @@ def assert_same_tables(a, b, rtol=1e-5):
                 assert (x[c].astype(str) == y[c].astype(str)).all(), f"{k}.{c}"
 
 
-def test_grid_cells_and_run_ids():
-    spec = small_spec(seeds=3)
-    assert spec.n_runs == 2 * 2 * 3
-    assert spec.static_axes() == ["d"] and spec.swept_axes() == ["signal_norm"]
-    cells = list(spec.cells())
-    assert [c.settings["d"] for c in cells] == [40, 64]
-    ids = G.spec_run_ids(spec)
-    assert len(ids) == len(set(ids)) == 12 and (ids >= 0).all()
-    # local run order: seeds fastest, then the swept axes
-    var = G.cell_runs(spec, cells[0], np.arange(6))
-    assert var["seed"].tolist() == [0, 1, 2, 0, 1, 2]
-    assert var["signal_norm"].tolist() == [3.0, 3.0, 3.0, 30.0, 30.0, 30.0]
 
 
-def test_ranges_expand_inclusively():
-    spec = spec_from_dict({}, {"signal_norm": {"start": 5, "stop": 100, "step": 2.5},
-                               "d": {"start": 250, "stop": 5000, "step": 125}})
-    assert len(spec.axes["signal_norm"]) == 39 and spec.axes["signal_norm"][-1] == 100.0
-    assert len(spec.axes["d"]) == 39 and spec.axes["d"][:2] == [250, 375]
-    log = spec_from_dict({}, {"lr": {"start": 1e-3, "stop": 1e-1, "num": 3, "log": True}})
-    np.testing.assert_allclose(log.axes["lr"], [1e-3, 1e-2, 1e-1])
 
 
-def test_chunk_size_does_not_change_rows(tmp_path):
-    spec = small_spec()
-    tables = []
-    for cs in (3, spec.n_runs):
-        out = tmp_path / f"c{cs}"
-        run_sweep(spec, out, chunk_size=cs, quiet=True, plots=False)
-        tables.append(read(out))
-    assert len(tables[0]["results"]) == spec.n_runs
-    assert tables[0]["results"]["run_id"].tolist() == G.spec_run_ids(spec).tolist()
-    assert len(tables[0]["dynamics"]) == spec.n_runs * 4  # steps 0, 20, 40, 60
-    assert_same_tables(tables[0], tables[1])
 
 
-def test_each_program_is_traced_once_over_many_chunks(tmp_path):
-    jax.clear_caches()
-    spec = small_spec(seeds=5)  # 10 runs per d group: chunks of 2 -> 5 chunks per group
-    ex = Executor()
-    run_sweep(spec, tmp_path / "o", chunk_size=2, block_size=1, quiet=True, plots=False,
-              executor=ex)
-    assert len(ex.traces) == 2  # d = 40 and d = 64: two programs on the direct engine
-    assert set(ex.traces.values()) == {1} and set(ex.compiles.values()) == {1}
-    # the same sweep again (a new directory, a new executor) reuses both programs: JAX traces
-    # and compiles nothing at all
-    again = Executor()
-    with count_compiles() as seen:
-        run_sweep(spec, tmp_path / "p", chunk_size=2, block_size=1, quiet=True, plots=False,
-                  executor=again)
-    assert sum(again.traces.values()) == 0 and sum(again.compiles.values()) == 0
-    assert seen == {"compiles": 0}
 
 
-def test_reduced_engine_traces_one_program_for_every_d_and_signal_norm(tmp_path):
-    jax.clear_caches()
-    ex = Executor()
-    spec = spec_from_dict({"steps": 5, "n_test": 50},
-                          {"d": [300, 1000, 5000], "signal_norm": [5.0, 20.0]}, seeds=2)
-    pl = P.plan(spec)
-    assert len(pl.groups) == 1 and pl.groups[0].engine.name == "reduced"
-    assert len(pl.groups[0].cells) == 3
-    df = run_sweep(spec, tmp_path / "o", chunk_size=4, quiet=True, plots=False, executor=ex)
-    assert list(ex.traces.values()) == [1]
-    assert sorted(df["d"].unique()) == [300, 1000, 5000] and (df["engine"] == "reduced").all()
 
 
 def test_results_schema(tmp_path):
@@ -331,42 +272,8 @@ def test_every_sweep_file_validates(path):
     assert spec.n_runs >= 1
 
 
-def test_dry_run_of_ten_million_runs_streams_in_bounded_memory(tmp_path):
-    """The planner never materialises the run list: a 10^7-run grid plans in well under 500 MB
-    (measured: 277 MB peak, 4.8 s on 2 busy cores; the time is not asserted)."""
-    f = tmp_path / "big.toml"
-    f.write_text('name = "big"\nseeds = 100\n[settings]\nmodel = "prompt_attention"\n'
-                 'train = ["p"]\n[axes]\nd = { start = 250, stop = 5000, num = 100 }\n'
-                 'signal_norm = { start = 5, stop = 100, num = 1000 }\n')
-    # a fresh parent whose only child is the dry run: its children's peak is the dry run's
-    wrapper = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], "
-               "capture_output=True, text=True); sys.stderr.write(p.stdout + p.stderr); "
-               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
-               "sys.exit(p.returncode)")
-    p = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "phasebo.sweep",
-                        str(f), "--dry-run", "--out", str(tmp_path / "o")], capture_output=True,
-                       text=True, env={**os.environ, "MPLBACKEND": "Agg"})
-    assert p.returncode == 0, p.stderr
-    assert "10000000 runs in 1 compiled group" in p.stderr
-    assert not (tmp_path / "o").exists()  # a dry run writes nothing
-    assert int(p.stdout.split()[-1]) < 500 * 1024  # KiB
 
 
-def test_run_id_of_a_fixed_run_is_pinned():
-    """A run's id is its identity: it names its parts on disk, decides which runs a grown or
-    resumed sweep still has to do, and seeds its random key. These values were computed once
-    (prompt_attention with every default, ||mu|| = 10, seeds 0 and 1) and are hard-coded on
-    purpose: a change to the hashing (phasebo.config.run_ids, value_bits, _splitmix) or to the
-    identity settings of the model (a new one, or a changed default) changes every run's id and
-    numbers and orphans the runs of every existing results directory. If this fails, the change
-    must be deliberate: update the numbers and say so in the commit message."""
-    pinned = [3978004595962495337, 8327796549513603194]
-    as_axis = spec_from_dict({"model": "prompt_attention"}, {"signal_norm": [10.0]}, seeds=2)
-    assert G.spec_run_ids(as_axis).tolist() == pinned
-    # the same run as a fixed setting, on another engine, recording dynamics: the same id
-    fixed = spec_from_dict({"model": "prompt_attention", "signal_norm": 10.0, "engine": "direct",
-                            "record_every": 5}, seeds=2)
-    assert G.spec_run_ids(fixed).tolist() == pinned
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,7 +308,6 @@ def _dry_run_cases():
 def restore_x64():
     """main() turns 64-bit JAX on for a float64 sweep (the CLI owns the process's flags): put it
     back for the tests after this one."""
-    import jax
 
     old = jax.config.jax_enable_x64
     yield
@@ -417,7 +323,6 @@ def untrained_backbone(monkeypatch):
     import functools
 
     import equinox as eqx
-    import jax
     import jax.random as jr
 
     from phasebo.models import vit_digits as V

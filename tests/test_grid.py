@@ -1,0 +1,47 @@
+"""The grid: a cell and a run index -> the run's settings and id (phasebo.grid, phasebo.config)."""
+
+import numpy as np
+from test_sweep import small_spec
+
+from phasebo import grid as G
+from phasebo.config import spec_from_dict
+
+
+def test_grid_cells_and_run_ids():
+    spec = small_spec(seeds=3)
+    assert spec.n_runs == 2 * 2 * 3
+    assert spec.static_axes() == ["d"] and spec.swept_axes() == ["signal_norm"]
+    cells = list(spec.cells())
+    assert [c.settings["d"] for c in cells] == [40, 64]
+    ids = G.spec_run_ids(spec)
+    assert len(ids) == len(set(ids)) == 12 and (ids >= 0).all()
+    # local run order: seeds fastest, then the swept axes
+    var = G.cell_runs(spec, cells[0], np.arange(6))
+    assert var["seed"].tolist() == [0, 1, 2, 0, 1, 2]
+    assert var["signal_norm"].tolist() == [3.0, 3.0, 3.0, 30.0, 30.0, 30.0]
+
+
+def test_ranges_expand_inclusively():
+    spec = spec_from_dict({}, {"signal_norm": {"start": 5, "stop": 100, "step": 2.5},
+                               "d": {"start": 250, "stop": 5000, "step": 125}})
+    assert len(spec.axes["signal_norm"]) == 39 and spec.axes["signal_norm"][-1] == 100.0
+    assert len(spec.axes["d"]) == 39 and spec.axes["d"][:2] == [250, 375]
+    log = spec_from_dict({}, {"lr": {"start": 1e-3, "stop": 1e-1, "num": 3, "log": True}})
+    np.testing.assert_allclose(log.axes["lr"], [1e-3, 1e-2, 1e-1])
+
+
+def test_run_id_of_a_fixed_run_is_pinned():
+    """A run's id is its identity: it names its parts on disk, decides which runs a grown or
+    resumed sweep still has to do, and seeds its random key. These values were computed once
+    (prompt_attention with every default, ||mu|| = 10, seeds 0 and 1) and are hard-coded on
+    purpose: a change to the hashing (phasebo.config.run_ids, value_bits, _splitmix) or to the
+    identity settings of the model (a new one, or a changed default) changes every run's id and
+    numbers and orphans the runs of every existing results directory. If this fails, the change
+    must be deliberate: update the numbers and say so in the commit message."""
+    pinned = [3978004595962495337, 8327796549513603194]
+    as_axis = spec_from_dict({"model": "prompt_attention"}, {"signal_norm": [10.0]}, seeds=2)
+    assert G.spec_run_ids(as_axis).tolist() == pinned
+    # the same run as a fixed setting, on another engine, recording dynamics: the same id
+    fixed = spec_from_dict({"model": "prompt_attention", "signal_norm": 10.0, "engine": "direct",
+                            "record_every": 5}, seeds=2)
+    assert G.spec_run_ids(fixed).tolist() == pinned

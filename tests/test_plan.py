@@ -1,0 +1,46 @@
+"""The plan: cells grouped by compiled program, and a planner that streams."""
+
+import os
+import subprocess
+import sys
+
+import jax
+
+from phasebo import plan as P
+from phasebo.config import spec_from_dict
+from phasebo.execute import Executor
+from phasebo.sweep import run_sweep
+
+
+def test_dry_run_of_ten_million_runs_streams_in_bounded_memory(tmp_path):
+    """The planner never materialises the run list: a 10^7-run grid plans in well under 500 MB
+    (measured: 277 MB peak, 4.8 s on 2 busy cores; the time is not asserted)."""
+    f = tmp_path / "big.toml"
+    f.write_text('name = "big"\nseeds = 100\n[settings]\nmodel = "prompt_attention"\n'
+                 'train = ["p"]\n[axes]\nd = { start = 250, stop = 5000, num = 100 }\n'
+                 'signal_norm = { start = 5, stop = 100, num = 1000 }\n')
+    # a fresh parent whose only child is the dry run: its children's peak is the dry run's
+    wrapper = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], "
+               "capture_output=True, text=True); sys.stderr.write(p.stdout + p.stderr); "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+               "sys.exit(p.returncode)")
+    p = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "phasebo.sweep",
+                        str(f), "--dry-run", "--out", str(tmp_path / "o")], capture_output=True,
+                       text=True, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert p.returncode == 0, p.stderr
+    assert "10000000 runs in 1 compiled group" in p.stderr
+    assert not (tmp_path / "o").exists()  # a dry run writes nothing
+    assert int(p.stdout.split()[-1]) < 500 * 1024  # KiB
+
+
+def test_reduced_engine_traces_one_program_for_every_d_and_signal_norm(tmp_path):
+    jax.clear_caches()
+    ex = Executor()
+    spec = spec_from_dict({"steps": 5, "n_test": 50},
+                          {"d": [300, 1000, 5000], "signal_norm": [5.0, 20.0]}, seeds=2)
+    pl = P.plan(spec)
+    assert len(pl.groups) == 1 and pl.groups[0].engine.name == "reduced"
+    assert len(pl.groups[0].cells) == 3
+    df = run_sweep(spec, tmp_path / "o", chunk_size=4, quiet=True, plots=False, executor=ex)
+    assert list(ex.traces.values()) == [1]
+    assert sorted(df["d"].unique()) == [300, 1000, 5000] and (df["engine"] == "reduced").all()
