@@ -21,7 +21,7 @@ from pathlib import Path
 from .config import SweepSpec
 from .grid import own_settings
 from .registry import resolve_engine
-from .settings import ConfigError, record_steps
+from .settings import ConfigError
 
 MEMORY_FRACTION = 0.5  # default fraction of free memory a sweep may plan to use
 CHUNK_SECONDS = 4.0  # aim for about this much work per chunk (progress, cheap resume)
@@ -199,7 +199,7 @@ def estimated_disk(pl: Plan) -> int:
     total = 0
     for g in pl.groups:
         p = g.program
-        n_rec = len(record_steps(p.steps, p.record_every, p.record_log)) if g.model.trains else 0
+        n_rec = g.model.n_records(p)
         T = getattr(p, "T", 8)
         total += g.n_runs * (400 + n_rec * (60 + 4 * T) * 8 + p.n * 40)
     return int(total)

@@ -33,7 +33,7 @@ from .regimes import (  # noqa: F401 (REGIMES, classify_regime: re-exported)
     regimes_over_time,
     timeline,
 )
-from .settings import ConfigError, record_steps
+from .settings import ConfigError
 
 STATUSES = ("ok", "diverged")
 INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step",
@@ -122,8 +122,7 @@ def rows(spec, g, cols: list, out) -> tuple:
     res = pd.concat([res, metrics], axis=1)
     res = derived_columns(res)
     dyn = None
-    rec = record_steps(g.program.steps, g.program.record_every, g.program.record_log) \
-        if model.trains else ()
+    rec = model.recorded_steps(g.program)
     if rec and out.dynamics:
         cols_d = {k: np.asarray(v)[:n].reshape(-1) for k, v in out.dynamics.items()}
         dyn = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), len(rec)),

@@ -40,7 +40,6 @@ from .metrics import (
     tracked_token_metrics,
     train_metrics,
 )
-from .settings import record_steps
 
 
 class Status(enum.IntEnum):
@@ -261,15 +260,6 @@ def tracked(static, batch: Batch):
     return tuple(track) if track else tracked_default(batch)
 
 
-def check_track(static) -> None:
-    bad = [i for i in getattr(static, "track", ()) if i >= static.n]
-    if bad:
-        from .settings import ConfigError
-
-        raise ConfigError(f"track = {list(static.track)} names sample {bad[0]} but n = "
-                          f"{static.n}; fix: indices in 0..{static.n - 1}")
-
-
 def recorder_fn(model, static, sw, metrics: Callable, batch: Batch) -> Callable:
     """``record_fn(m, f, s, a)``: the metrics plus the tracked samples' per-token attention."""
     track = tracked(static, batch)
@@ -281,12 +271,6 @@ def recorder_fn(model, static, sw, metrics: Callable, batch: Batch) -> Callable:
         return out
 
     return record
-
-
-def record_points(model, static) -> tuple[int, ...]:
-    if not model.trains:
-        return ()
-    return record_steps(static.steps, static.record_every, static.record_log)
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,7 +322,7 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
     relevant = None if roles is None else (lambda s_: relevant_mass(s_, roles))
     record_fn = recorder_fn(model, static, sw, metrics, batch)
     dtype = dtype_of(static)
-    p, (f, s, a), ls = run_loop(state, step, final, steps, record_points(model, static),
+    p, (f, s, a), ls = run_loop(state, step, final, steps, model.recorded_steps(static),
                                 record_fn, margin_fn=lambda f_, y_: model.margin_loss(f_, y_)[0],
                                 batch=batch, relevant=relevant, dtype=dtype,
                                 view=lambda p_: forward(p_)[1])

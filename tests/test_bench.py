@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from phasebo import bench
 
@@ -31,6 +32,7 @@ def test_bench_rejects_an_unknown_section(capsys):
     assert "unknown section" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 38 s; the quick loop section runs by default
 def test_bench_dynamics_section_reports_the_ratios(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert bench.main(["--quick", "--sections", "dynamics", "--steps", "5", "--repeat", "1",

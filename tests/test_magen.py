@@ -147,6 +147,7 @@ def test_two_step_closed_form_inside_a_run(shared):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 42 s; the two-step closed form, in and out of a run, is checked by default
 @pytest.mark.optimized
 def test_m1_two_steps_benign_at_rho_30_and_worse_at_rho_5(tmp_path):
     spec = phasebo.spec_from_dict(

@@ -225,6 +225,7 @@ def _grow_spec(seeds, mus=(3.0, 30.0), ds=(40, 64), order=("d", "signal_norm")):
     return spec_from_dict(GROW, {k: axes[k] for k in order}, seeds=seeds, name="grow")
 
 
+@pytest.mark.slow  # 47 s; growth at toy size and a grown seed count are checked by default
 def test_adding_seeds_runs_only_the_new_ones_and_equals_a_fresh_sweep(tmp_path):
     out = tmp_path / "grown"
     run_sweep(_grow_spec(10), out, quiet=True, plots=False)

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from ..data import reduced_d
 from ..metrics import relevant_mass
-from ..train import RunOutput, dtype_of, evaluate, finish, record_points, recorder_fn, run_loop
+from ..train import RunOutput, dtype_of, evaluate, finish, recorder_fn, run_loop
 from ..train import run as direct_run
 from .span import UNROLL, SpanWProblem, span_system, span_w_system
 
@@ -101,7 +101,7 @@ def run_span(model, static, sw: dict, key, reduced: bool) -> RunOutput:
     relevant = None if roles is None else (lambda s_: relevant_mass(s_, roles))
     record_fn = recorder_fn(model, static, sw, metrics, batch)
     now, (f, s, a), ls = run_loop(
-        state0, step, final, static.steps, record_points(model, static), record_fn,
+        state0, step, final, static.steps, model.recorded_steps(static), record_fn,
         margin_fn=lambda f_, y_: y_ * f_, batch=batch, relevant=relevant, dtype=dtype,
         view=view, unroll=UNROLL)
     final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype)

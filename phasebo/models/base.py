@@ -35,7 +35,7 @@ import numpy as np
 from .. import rules
 from ..data import Batch, Distribution, label_values
 from ..metrics import binary_margin, logistic_loss
-from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting
+from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting, record_steps
 
 
 class Model(abc.ABC):
@@ -184,6 +184,18 @@ class Model(abc.ABC):
 
     def item(self, static) -> int:
         return 8 if static.dtype == "float64" else 4
+
+    def recorded_steps(self, static) -> tuple[int, ...]:
+        """The steps at which a run records its dynamics (none for a model that does not
+        train): ``record_every`` and ``record_log`` over ``steps``
+        (:func:`phasebo.settings.record_steps`)."""
+        if not self.trains:
+            return ()
+        return tuple(record_steps(static.steps, static.record_every, static.record_log))
+
+    def n_records(self, static) -> int:
+        """How many dynamics rows one run writes (the memory and disk estimates scale with it)."""
+        return len(self.recorded_steps(static))
 
     # ---------------------------------------------------------------------------------------
     # Span engines (gram, reduced)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import jax.random as jr
 
 from ..metrics import attention_metrics, masked_mean, tree_norm
-from ..settings import NOISE_MODE, WEIGHT_DECAY, Setting, at_least, record_steps
+from ..settings import NOISE_MODE, WEIGHT_DECAY, Setting, at_least
 from ..train import dtype_of
 from .common import SakamotoSampledModel
 
@@ -136,7 +136,7 @@ class EncoderModel(SakamotoSampledModel):
         d, w, n, T = static.d, static.mlp_width, static.n, static.T
         params = 3 * d * d + 2 * d * w + 12 * d + w
         b = 4 * params + 6 * n * (T + 1) * d + 3 * n * w + 2 * static.n_test * (T + 1) * d
-        n_rec = len(record_steps(static.steps, static.record_every, static.record_log))
+        n_rec = self.n_records(static)
         return int((b + n_rec * (60 + 4 * T)) * self.item(static))
 
     def cost_per_run(self, static):

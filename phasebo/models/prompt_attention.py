@@ -31,7 +31,7 @@ from ..data import (
 )
 from ..engines.span import SpanProblem, SpanWProblem, flat_gram
 from ..metrics import attend, query_metrics
-from ..settings import INIT, PROJECT, TEST_MODE, WEIGHT_DECAY, ConfigError, Setting, record_steps
+from ..settings import INIT, PROJECT, TEST_MODE, WEIGHT_DECAY, ConfigError, Setting
 from ..train import dtype_of
 from .base import Model
 
@@ -175,7 +175,7 @@ class PromptAttentionModel(Model):
             b += 4 * d * d  # W, its gradient, the update, the uniform draw
         b += 4 * d
         b += 2 * static.n_test * T * d if static.test_mode == "sampled" else 4 * static.n_test * T
-        b += _n_rec(static) * (40 + 4 * T)
+        b += self.n_records(static) * (40 + 4 * T)
         return int(b * self.item(static))
 
     def cost_per_run(self, static):
@@ -265,7 +265,8 @@ class PromptAttentionModel(Model):
     def span_bytes(self, static, reduced):
         N = static.n * static.T
         D = (2 + factor_width(N, static.d - 2) + 1) if reduced else static.d
-        b = 3 * N * N + 3 * N * D + 4 * static.n_test * static.T + _n_rec(static) * (40 + 4 * static.T)
+        b = 3 * N * N + 3 * N * D + 4 * static.n_test * static.T
+        b += self.n_records(static) * (40 + 4 * static.T)
         if not reduced:
             b += 2 * N * static.d + 4 * static.d
             if "W" in static.train:
@@ -279,10 +280,10 @@ class PromptAttentionModel(Model):
     def span_cost(self, static, reduced):
         N, d = static.n * static.T, static.d
         steps = max(static.steps, 1)
-        c = steps * (2.0 * N * N + 40.0 * N) + _n_rec(static) * 20.0 * static.n_test
+        c = steps * (2.0 * N * N + 40.0 * N) + self.n_records(static) * 20.0 * static.n_test
         if reduced:
             return c + 2.0 * N**3
-        c += 2.0 * N * N * d + 4.0 * N * d * (_n_rec(static) + 1)
+        c += 2.0 * N * N * d + 4.0 * N * d * (self.n_records(static) + 1)
         if "W" in static.train:
             c += steps * 10.0 * N * N + 2.0 * N * N * d
             if W_mode(static) == "random":
@@ -291,6 +292,3 @@ class PromptAttentionModel(Model):
             c += 2.0 * N * d * d
         return c
 
-
-def _n_rec(static) -> int:
-    return len(record_steps(static.steps, static.record_every, static.record_log))

@@ -28,7 +28,7 @@ import jax.random as jr
 
 from ..data import noisy_tokens, projected_token_scores
 from ..metrics import attend, masked_mean, tree_norm, vec_metrics
-from ..settings import TEST_MODE, ConfigError, Setting, at_least, record_steps
+from ..settings import TEST_MODE, ConfigError, Setting, at_least
 from ..train import dtype_of
 from .common import MAGEN_DEFAULTS, MagenDataModel, init_vec
 
@@ -140,7 +140,7 @@ class SelfAttentionModel(MagenDataModel):
         d, n, T = static.d, static.n, static.T
         b = 3 * n * T * d + 8 * d + 4 * d * d
         b += 2 * static.n_test * T * d if static.test_mode == "sampled" else 6 * static.n_test * T
-        return int((b + _n_rec(static) * (60 + 4 * T)) * self.item(static))
+        return int((b + self.n_records(static) * (60 + 4 * T)) * self.item(static))
 
     def cost_per_run(self, static):
         return 6.0 * static.d * (static.n * static.T + static.d) * max(static.steps, 1)
@@ -192,12 +192,9 @@ class MultiLayerModel(MagenDataModel):
         d, n, T, L = static.d, static.n, static.T, static.n_layers
         b = 3 * n * T * d + 8 * d + 4 * L * d * d + 3 * L * n * T * d
         b += 2 * static.n_test * T * d
-        return int((b + _n_rec(static) * (60 + 4 * T)) * self.item(static))
+        return int((b + self.n_records(static) * (60 + 4 * T)) * self.item(static))
 
     def cost_per_run(self, static):
         L, d, N = static.n_layers, static.d, static.n * static.T
         return 6.0 * L * (N * d * d + N * static.T * d) * max(static.steps, 1)
 
-
-def _n_rec(static) -> int:
-    return len(record_steps(static.steps, static.record_every, static.record_log))

@@ -30,7 +30,7 @@ from ..data import (
 )
 from ..engines.span import SpanProblem, flat_gram
 from ..metrics import attend, vec_metrics
-from ..settings import TEST_MODE, record_steps
+from ..settings import TEST_MODE
 from ..train import dtype_of
 from .common import MAGEN_DEFAULTS, MagenDataModel, init_vec
 
@@ -85,7 +85,7 @@ class SingleHeadModel(MagenDataModel):
         d, n, T = static.d, static.n, static.T
         b = 3 * n * T * d + 8 * d
         b += 2 * static.n_test * T * d if static.test_mode == "sampled" else 6 * static.n_test * T
-        b += _n_rec(static) * (60 + 4 * T)
+        b += self.n_records(static) * (60 + 4 * T)
         return int(b * self.item(static))
 
     # ---------------------------------------------------------------------------------------
@@ -131,15 +131,12 @@ class SingleHeadModel(MagenDataModel):
         b = 3 * N * N + 4 * N * D + 6 * D + 6 * static.n_test * static.T
         if not reduced and static.test_mode == "sampled":
             b += 2 * static.n_test * static.T * static.d
-        return int((b + _n_rec(static) * (60 + 4 * static.T)) * self.item(static))
+        return int((b + self.n_records(static) * (60 + 4 * static.T)) * self.item(static))
 
     def span_cost(self, static, reduced):
         N, d = static.n * static.T, static.d
-        loop = max(static.steps, 1) * (2.0 * N * N + 40.0 * N) + _n_rec(static) * 20.0 * static.n_test
+        loop = max(static.steps, 1) * (2.0 * N * N + 40.0 * N) + self.n_records(static) * 20.0 * static.n_test
         if reduced:
             return 2 * loop + 2.0 * N**3
-        return 2 * loop + 2.0 * N * N * d + 8.0 * N * d * (_n_rec(static) + 1)
+        return 2 * loop + 2.0 * N * N * d + 8.0 * N * d * (self.n_records(static) + 1)
 
-
-def _n_rec(static) -> int:
-    return len(record_steps(static.steps, static.record_every, static.record_log))

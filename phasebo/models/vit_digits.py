@@ -58,7 +58,7 @@ import numpy as np
 
 from ..data import Batch, flip_mask, label_values
 from ..metrics import cross_entropy, masked_mean, multiclass_margin, tree_norm
-from ..settings import LABELS, ConfigError, Setting, at_least, cache_dir, record_steps
+from ..settings import LABELS, ConfigError, Setting, at_least, cache_dir
 from ..train import dtype_of
 from .base import Model
 
@@ -493,7 +493,7 @@ class ViTDigitsModel(Model):
         w, T = static.vit_width, N_TOKENS
         acts = (static.n + static.n_test) * T * w * (8 + 2 * static.vit_depth)
         params = static.vit_depth * 12 * w * w
-        n_rec = len(record_steps(static.steps, static.record_every, static.record_log))
+        n_rec = self.n_records(static)
         return int((acts + 4 * params + n_rec * (60 + 4 * T)) * self.item(static))
 
     def cost_per_run(self, static):
