@@ -55,7 +55,7 @@ THEORY_EXPONENTS = {
     ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n)"),
     ("rho", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n) at fixed d"),
 }
-STATUSES = ("ok", "unresolved", "separated", "outside_range", "all_A", "all_B", "too_few")
+SLICE_STATUSES = ("ok", "unresolved", "separated", "outside_range", "all_A", "all_B", "too_few")
 Z95 = NormalDist().inv_cdf(0.975)
 RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
@@ -233,7 +233,7 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    out["status"] = pd.Categorical(out["status"], categories=STATUSES)
+    out["status"] = pd.Categorical(out["status"], categories=SLICE_STATUSES)
     out["x"] = x
     out["between"] = f"{between[0]}/{between[1]}"
     return out

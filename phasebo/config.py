@@ -53,12 +53,12 @@ from .settings import ConfigError, Setting, suggest
 
 TOP_LEVEL_KEYS = ("name", "description", "include", "seeds", "settings", "axes", "cases",
                   "regime", "plot", "refine")
-RUN_COLUMNS = ("seed", "run_id")
+RESERVED = ("seed", "run_id")  # columns every sweep sets itself: not settings a file may give
 
 
 def _setting(name: str, where: str) -> Setting:
     table = all_settings()
-    if name in RUN_COLUMNS:
+    if name in RESERVED:
         hint = "use seeds = N (or --seeds N)" if name == "seed" else "it is derived from the settings"
         raise ConfigError(f"{where}{name!r} is set by the sweep itself; {hint}")
     if name == "seeds":

@@ -35,7 +35,7 @@ from .regimes import (  # noqa: F401 (REGIMES, classify_regime: re-exported)
 )
 from .settings import ConfigError
 
-STATUSES = ("ok", "diverged")
+RUN_STATUSES = ("ok", "diverged")  # a run's status (phasebo.train.Status)
 INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step",
                "first_benign_step", "dip_step", "recovery_step")
 
@@ -57,7 +57,7 @@ def apply_schema(df: pd.DataFrame, models=None, engines=None) -> pd.DataFrame:
         df["regime"] = pd.Categorical(df["regime"].astype(str), categories=REGIME_ORDER,
                                       ordered=True)
     if "status" in df.columns:
-        df["status"] = pd.Categorical(df["status"].astype(str), categories=STATUSES)
+        df["status"] = pd.Categorical(df["status"].astype(str), categories=RUN_STATUSES)
     for col, cats in (("model", models), ("engine", engines)):
         if col in df.columns:
             c = sorted(set(df[col].astype(str))) if cats is None else list(cats)
