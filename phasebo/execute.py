@@ -9,7 +9,8 @@ rename), samples and dynamics before results: a results part marks its runs as d
 The chunk function is one module-level ``jax.jit`` with the model, engine, program, block and
 device count as static arguments, so JAX's own caches reuse its trace and executable across
 sweeps in one process; nothing here keeps state between calls. An :class:`Executor` counts what
-it traced and compiled (from JAX's monitoring events) and the time each took.
+it traced (the chunk function's Python body runs only on a real trace) and compiled (JAX's
+backend-compile events).
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ class _Progress:
             self.bar.close()
 
 
+def _program_key(g, n_dev: int) -> tuple:
+    return (g.model.name, g.engine.name, g.program, g.block, n_dev)
+
+
 class Executor:
     """Runs a plan's runs not yet in a directory's parts, chunk by chunk.
 
@@ -155,14 +160,13 @@ class Executor:
                                block=g.block, n_dev=n_dev)
         finally:
             _TRACE_SINK.reset(token)
-        self.traces[(g.model.name, g.engine.name, g.program, g.block, n_dev)] += sink[0]
+        self.traces[_program_key(g, n_dev)] += sink[0]
         return lowered
 
     def compile(self, g, lowered, n_dev: int):
         with count_compiles() as seen:
             compiled = lowered.compile()
-        self.compiles[(g.model.name, g.engine.name, g.program, g.block, n_dev)] += \
-            seen["compiles"]
+        self.compiles[_program_key(g, n_dev)] += seen["compiles"]
         return compiled
 
     def execute(self, pl, out_dir: Path, *, quiet: bool = False, max_chunks: int | None = None,

@@ -31,6 +31,8 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".html")  # what a sweep draws into i
 HISTORY_KEYS = ("invocation", "subset", "started", "finished", "command", "new_runs", "wall_s",
                 "compile_s", "run_s", "phasebo_version", "git_commit", "host", "platform",
                 "device_count")
+# manifest keys that describe the directory, not an invocation's provenance
+NOT_PROVENANCE = ("name", "n_runs", "spec", "history", "subset", "tables_spec", "tables_n_runs")
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -115,7 +117,8 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
     if process_index > 0:
         deadline = time.monotonic() + wait_timeout
         while time.monotonic() < deadline:
-            if read_manifest(out_dir).get("spec") == new and (out_dir / "parts").is_dir():
+            m = read_manifest(out_dir)  # a subset sweep's spec is the manifest's tables_spec
+            if new in (m.get("spec"), m.get("tables_spec")) and (out_dir / "parts").is_dir():
                 return out_dir
             time.sleep(0.2)
         raise ConfigError(f"process {process_index}: process 0 did not prepare {out_dir} "
@@ -137,15 +140,20 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
     return out_dir
 
 
-def runs_done(out_dir: Path, spec: SweepSpec) -> bool:
-    """Whether every run of ``spec`` is already in ``out_dir``'s parts (a subset of its runs)."""
+def count_done(out_dir: Path, spec: SweepSpec) -> int:
+    """How many runs of ``spec`` are already in ``out_dir``'s parts."""
     import numpy as np
 
     from .grid import spec_run_ids
     from .results import done_run_ids
 
     done = done_run_ids(Path(out_dir) / "parts")
-    return bool(len(done)) and bool(np.isin(spec_run_ids(spec), done).all())
+    return int(np.isin(spec_run_ids(spec), done).sum()) if len(done) else 0
+
+
+def runs_done(out_dir: Path, spec: SweepSpec) -> bool:
+    """Whether every run of ``spec`` is already in ``out_dir``'s parts (a subset of its runs)."""
+    return count_done(out_dir, spec) == spec.n_runs
 
 
 def write_manifest(out_dir: Path, spec: SweepSpec, provenance: dict, history=None,
@@ -160,16 +168,13 @@ def write_manifest(out_dir: Path, spec: SweepSpec, provenance: dict, history=Non
         history = read_manifest(out_dir).get("history", [])
     entry = {k: provenance[k] for k in HISTORY_KEYS if k in provenance}
     history = [h for h in history if h.get("invocation") != entry.get("invocation")] + [entry]
-    top = provenance
     prev = previous if previous is not None else read_manifest(out_dir)
-    if not provenance.get("new_runs") and prev.get("new_runs"):
-        top = {k: v for k, v in prev.items() if k not in ("name", "n_runs", "spec", "history",
-                                                          "subset")}
+    keep = not provenance.get("new_runs") and prev.get("new_runs")
+    top = {k: v for k, v in (prev if keep else provenance).items() if k not in NOT_PROVENANCE}
     body = {"name": spec.name, "n_runs": spec.n_runs, "spec": spec.to_dict()}
     if provenance.get("subset") and prev.get("spec"):
         body.update(name=prev.get("name", spec.name), n_runs=prev.get("n_runs"),
                     spec=prev["spec"], tables_spec=spec.to_dict(), tables_n_runs=spec.n_runs)
-    top = {k: v for k, v in top.items() if k not in ("tables_spec", "tables_n_runs")}
     body.update(**top, history=history)
     tmp = manifest.with_name(f".manifest.json.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(body, indent=1, default=repr))

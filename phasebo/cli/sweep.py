@@ -17,10 +17,9 @@ from pathlib import Path
 from .. import config as C
 from ..config import SweepSpec
 from ..execute import traced_columns
-from ..grid import spec_run_ids
 from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
-from ..store import check_out_dir, compatible, read_manifest, runs_done
+from ..store import check_out_dir, compatible, count_done, read_manifest
 from ..sweep import run_sweep
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
@@ -98,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     return add_arguments(p)
 
+
 def _fmt_value(v) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
@@ -159,9 +159,6 @@ def enable_compilation_cache(jax) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-
-
-
 def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
     """Print the plan (:func:`phasebo.plan.describe`) and what the directory already holds: the
     runs done and to run, or why the real run would refuse it."""
@@ -171,18 +168,14 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
         print(f"  {spec.n_runs} runs to run ({out} holds none)")
         return
     why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
-    if why and runs_done(out, spec):
+    done = count_done(out, spec)
+    if why and done == spec.n_runs:
         print(f"  all {spec.n_runs} runs done: a subset of the {old.get('n_runs')} runs there "
               "(its tables and figures will be of these runs)")
         return
     if why:
         raise ConfigError(f"{out} holds runs of another sweep: {why}; fix: choose another --out, "
                           "or pass --overwrite to discard them")
-    import numpy as np
-
-    from ..results import done_run_ids
-
-    done = np.isin(spec_run_ids(spec), done_run_ids(out / "parts")).sum()
     print(f"  {done} of {spec.n_runs} runs done, {spec.n_runs - done} to run")
 
 
