@@ -5,8 +5,9 @@ Unless a section says otherwise: prompt attention with ``p`` trained (W = I), n 
 run, then the best of ``--repeat - 1`` timed runs). Every figure of a table is measured in the
 same run, so the ratios compare like with like on this machine. Sections:
 
-- **loop**: the sweep's batched chunk function (runs sharded over the local devices, vmapped
-  blocks) vs one jitted run at a time vs plain NumPy, d in {1000, 2000, 5000}, direct engine.
+- **loop**: the sweep's batched block function fed as a sweep feeds it (runs sharded over the
+  local devices, vmapped blocks) vs one jitted run at a time vs plain NumPy, d in
+  {1000, 2000, 5000}, direct engine.
 - **engines**: runs/s of the direct, gram and reduced engines at d = 10^3 .. 10^6 and their ratios
   (direct and per-run timed at two short step counts and extrapolated where they would take
   minutes; marked ``~``).
@@ -63,28 +64,27 @@ def _group(engine: str, d: int, n_runs: int, steps: int, block: int | None = Non
                           seeds=n_runs)
     pl = plan(spec, chunk_size=n_runs, block_size=block)
     g = pl.groups[0]
-    width = max(g.width, math.ceil(n_runs / (g.block * pl.n_dev)) * g.block * pl.n_dev)
-    arrays, _ = chunk_arrays(spec, g, [(g.cells[0], np.arange(n_runs))], width)
+    arrays, _ = chunk_arrays(spec, g, [(g.cells[0], np.arange(n_runs))], g.block * pl.n_dev)
     return g, {k: jnp.asarray(v) for k, v in arrays.items()}, pl.n_dev
 
 
 def batched_rate(engine: str, d: int, n_runs: int, steps: int, block: int | None = None,
                  repeat: int = 1, **extra) -> float:
-    """Runs/s of the sweep's compiled chunk function (all local devices)."""
-    import jax
-
+    """Runs/s of the sweep's compiled block function fed a chunk as a sweep feeds it (all local
+    devices)."""
     from .execute import Executor
 
     g, arrays, n_dev = _group(engine, d, n_runs, steps, block, **extra)
     ex = Executor()
     compiled = ex.compile(g, ex.lower(g, arrays, n_dev), n_dev)
     width = len(next(iter(arrays.values())))
+    unit = g.block * n_dev
     if repeat > 1:
-        jax.block_until_ready(compiled(arrays))  # warm-up (thread pools, allocator)
+        ex.compute(compiled, arrays, unit)  # warm-up (thread pools, allocator)
     best = math.inf
     for _ in range(max(1, repeat - 1)):
         t = time.perf_counter()
-        jax.block_until_ready(compiled(arrays))
+        ex.compute(compiled, arrays, unit)
         best = min(best, time.perf_counter() - t)
     return width / best
 
@@ -215,7 +215,7 @@ def section_loop(q: bool, repeat: int, out: dict, steps: int | None = None) -> N
     _print_table(
         f"loop: direct engine, batched vs one at a time vs NumPy ({steps} steps, runs/s)",
         ["d", "batched", "per-run jit", "numpy", "batched/per-run", "batched/numpy"], rows,
-        f"batched: {n_batch} runs through the sweep's chunk function; per-run: {n_loop} runs; "
+        f"batched: {n_batch} runs through the sweep's block function; per-run: {n_loop} runs; "
         f"numpy: {n_np} run(s)",
     )
 
@@ -296,7 +296,7 @@ S2_CASES = ((5000, 5.0), (2000, 20.0), (1000, 100.0))
 
 def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
     """S2 (the three regimes of the fig. 3 sweep) with dynamics recorded every 10 steps, at 20
-    log-spaced steps, and not at all: the throughput of the sweep's chunk function."""
+    log-spaced steps, and not at all: the throughput of the sweep's block function."""
     steps = steps or 1000
     n = 256 if q else 1000
     rows = []

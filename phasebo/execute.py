@@ -1,15 +1,19 @@
-"""Execution: each group's compiled chunk function, the chunk loop, progress and one run.
+"""Execution: each group's compiled block function, the chunk loop, progress and one run.
 
-A group's runs go through one compiled function in host chunks of its width
-(:attr:`phasebo.plan.Group.width`). Inside a chunk the run axis is split across the local devices
-(``shard_map``) and each device works through vmapped blocks (``lax.map(batch_size=...)``). Each
-finished chunk's rows (:func:`phasebo.results.rows`) are written at once as Parquet parts (atomic
-rename), samples and dynamics before results: a results part marks its runs as done.
+A group's compiled function takes one block per local device (:attr:`phasebo.plan.Group.block`
+runs, vmapped; the devices through ``shard_map``), so its shape does not depend on the sweep: a
+small study of an already-compiled program compiles nothing. The runs go through it in host
+chunks: a chunk's blocks are dispatched a few at a time (the device never waits for the host) and
+its rows (:func:`phasebo.results.rows`) written at once as Parquet parts (atomic rename), samples
+and dynamics before results: a results part marks its runs as done. The first chunk's size comes
+from the cost model (:func:`phasebo.plan.size_group`); every later one from the time the previous
+one took (:func:`phasebo.plan.next_width`), so progress, saving and Ctrl-C come every few seconds
+on any machine. A Ctrl-C stops dispatching, saves the blocks already computed and stops.
 
-The chunk function is one module-level ``jax.jit`` with the model, engine, program, block and
+The block function is one module-level ``jax.jit`` with the model, engine, program, block and
 device count as static arguments, so JAX's own caches reuse its trace and executable across
 sweeps in one process; nothing here keeps state between calls. An :class:`Executor` counts what
-it traced (the chunk function's Python body runs only on a real trace) and compiled (JAX's
+it traced (the block function's Python body runs only on a real trace) and compiled (JAX's
 backend-compile events).
 """
 
@@ -31,12 +35,14 @@ import numpy as np
 
 from . import config as C
 from .config import key_words, run_ids
-from .grid import chunk_arrays, chunks, group_pieces
+from .grid import chunk_arrays, chunks, group_pieces, head
+from .plan import next_width
 from .registry import get_model, resolve_engine
 from .results import done_run_ids, output_columns, rows, write_table_atomic
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-# Where a trace of the chunk function reports itself: the executor lowering it sets a counter for
+IN_FLIGHT = 2  # blocks dispatched ahead of the one being waited for
+# Where a trace of the block function reports itself: the executor lowering it sets a counter for
 # the duration of the lowering (a trace runs the Python body; a cache hit does not).
 _TRACE_SINK: contextvars.ContextVar = contextvars.ContextVar("phasebo_trace_sink", default=None)
 
@@ -54,16 +60,16 @@ def _one_run(a, model, engine, program):
     return engine.run(model, program, sw, k)
 
 
-def _chunk(arrays, model, engine, program, block: int, n_dev: int):
-    """``arrays (W,) -> RunOutput`` with leading axis ``W``: the runs split over ``n_dev``
-    devices, each mapping over its runs in vmapped blocks of ``block``."""
+def _block(arrays, model, engine, program, block: int, n_dev: int):
+    """``arrays (block * n_dev,) -> RunOutput`` with that leading axis: one vmapped block of
+    ``block`` runs on each of ``n_dev`` devices."""
     jax = _jax()
     sink = _TRACE_SINK.get()
     if sink is not None:  # runs at trace time only
         sink[0] += 1
 
     def local(a):
-        return jax.lax.map(lambda r: _one_run(r, model, engine, program), a, batch_size=block)
+        return jax.vmap(lambda r: _one_run(r, model, engine, program))(a)
 
     if n_dev == 1:
         return local(arrays)
@@ -73,6 +79,13 @@ def _chunk(arrays, model, engine, program, block: int, n_dev: int):
     mesh = Mesh(np.array(jax.local_devices()[:n_dev]), ("runs",))
     return jax.shard_map(local, mesh=mesh, in_specs=(P("runs"),), out_specs=P("runs"),
                          check_vma=False)(arrays)
+
+
+def _concat(outs: list):
+    """Host outputs of consecutive blocks joined along the run axis."""
+    if len(outs) == 1:
+        return outs[0]
+    return _jax().tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
 @contextlib.contextmanager
@@ -147,12 +160,14 @@ class Executor:
         self.compiles: collections.Counter = collections.Counter()
 
     def lower(self, g, arrays: dict, n_dev: int):
-        """The group's chunk function lowered for the shapes of ``arrays`` (traced, not
-        compiled)."""
+        """The group's block function lowered for one block per device of ``arrays``' dtypes
+        (traced, not compiled)."""
         jax = _jax()
         # a new jit wrapper of the same function shares JAX's trace and executable caches
-        fn = jax.jit(_chunk, static_argnames=("model", "engine", "program", "block", "n_dev"))
-        shapes = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in arrays.items()}
+        fn = jax.jit(_block, static_argnames=("model", "engine", "program", "block", "n_dev"))
+        unit = g.block * n_dev
+        shapes = {n: jax.ShapeDtypeStruct((unit,) + v.shape[1:], v.dtype)
+                  for n, v in arrays.items()}
         sink = [0]
         token = _TRACE_SINK.set(sink)
         try:
@@ -168,6 +183,29 @@ class Executor:
             compiled = lowered.compile()
         self.compiles[_program_key(g, n_dev)] += seen["compiles"]
         return compiled
+
+    @staticmethod
+    def compute(compiled, arrays: dict, unit: int, stop=None, done=None) -> tuple:
+        """``(host outputs, runs computed)`` of a chunk's arrays (a multiple of ``unit`` runs)
+        through a compiled block function, :data:`IN_FLIGHT` blocks dispatched ahead; ``stop()``
+        true before a dispatch ends the chunk early (the blocks already dispatched finish);
+        ``done(unit)`` is called as each block's outputs arrive (progress)."""
+        jax = _jax()
+        n = len(next(iter(arrays.values())))
+        outs, pending = [], collections.deque()
+        for i in range(0, n, unit):
+            if stop is not None and stop():
+                break
+            pending.append(compiled({k: v[i:i + unit] for k, v in arrays.items()}))
+            if len(pending) > IN_FLIGHT:
+                outs.append(jax.device_get(pending.popleft()))
+                if done is not None:
+                    done(unit)
+        for out in pending:
+            outs.append(jax.device_get(out))
+            if done is not None:
+                done(unit)
+        return (_concat(outs) if outs else None), len(outs) * unit
 
     def execute(self, pl, out_dir: Path, *, quiet: bool = False, max_chunks: int | None = None,
                 share: tuple[int, int] = (0, 1), check_columns=None) -> Stats:
@@ -195,12 +233,14 @@ class Executor:
         for g, _, n_todo in todo:
             if not n_todo:
                 continue
-            stream = chunks(group_pieces(spec, g, done, share), g.width)
+            width = [g.width]  # the chunk loop resizes it as it measures
+            stream = chunks(group_pieces(spec, g, done, share), lambda w=width: w[0])
             first = next(stream)
-            arrays, cols = chunk_arrays(spec, g, first, g.width)
+            arrays, cols = chunk_arrays(spec, g, first, g.block * pl.n_dev)
             lowered = self.lower(g, arrays, pl.n_dev)
             columns |= output_columns(g.model, lowered.out_info)
-            active.append((g, n_todo, lowered, itertools.chain([(first, arrays, cols)], stream)))
+            active.append((g, n_todo, lowered, width,
+                           itertools.chain([(first, arrays, cols)], stream)))
         stats.compile_s += time.perf_counter() - t
         if check_columns is not None and active:
             check_columns(columns)
@@ -209,12 +249,13 @@ class Executor:
         return stats
 
     def _chunk_loop(self, spec, n_dev, active, parts, stats, bar, max_chunks, interrupted) -> None:
-        """Compile each group, then run its chunks, writing every chunk's parts as it finishes."""
-        jax = _jax()
+        """Compile each group, then run its chunks, writing every chunk's parts as it finishes
+        and sizing the next chunk by the time this one took."""
         try:
-            for k, (g, n_todo, lowered, stream) in enumerate(active):
+            for k, (g, n_todo, lowered, width, stream) in enumerate(active):
+                unit = g.block * n_dev
                 bar.say(f"compiling group {k + 1}/{len(active)}: {g.label}, {n_todo} runs, block "
-                        f"{g.block} x {n_dev} device(s), chunk {g.width}")
+                        f"{g.block} x {n_dev} device(s), first chunk {g.width}")
                 t = time.perf_counter()
                 compiled = self.compile(g, lowered, n_dev)
                 stats.compile_s += time.perf_counter() - t
@@ -225,33 +266,43 @@ class Executor:
                     if max_chunks is not None and stats.chunks >= max_chunks:
                         stats.stopped = True
                         return
-                    if isinstance(item, tuple):
-                        _, arrays, cols = item
-                    else:
-                        arrays, cols = chunk_arrays(spec, g, item, g.width)
+                    pieces, arrays, cols = item if isinstance(item, tuple) else \
+                        (item, *chunk_arrays(spec, g, item, unit))
+                    n_real = sum(len(j) for _, j in pieces)
+                    left = [n_real]
+
+                    def tick(m, left=left):  # the bar counts real runs, not the padding
+                        bar.update(min(m, left[0]))
+                        left[0] -= min(m, left[0])
+
                     t = time.perf_counter()
                     interrupted.saving = True  # a Ctrl-C from here on stops after the writes
-                    dev = {n: jax.numpy.asarray(v) for n, v in arrays.items()}
-                    out = jax.device_get(compiled(dev))
-                    res, dyn, smp = rows(spec, g, cols, out)
-                    first_id, last_id = res["run_id"].iloc[0], res["run_id"].iloc[-1]
-                    tag = (f"{first_id:019d}-{last_id:019d}-{stats.chunks:06d}-{os.getpid()}"
-                           ".parquet")
-                    # samples and dynamics first: a results part marks the runs as done
-                    if dyn is not None:
-                        write_table_atomic(dyn, parts / f"dynamics-{tag}")
-                    if smp is not None:
-                        write_table_atomic(smp, parts / f"samples-{tag}")
-                    write_table_atomic(res, parts / f"results-{tag}")
+                    out, m = self.compute(compiled, arrays, unit, lambda: interrupted.stop, tick)
+                    if m < n_real:  # stopped early: keep the blocks that were computed
+                        cols = chunk_arrays(spec, g, head(pieces, m), unit)[1] if m else []
+                    width[0] = next_width(g, n_dev, m, time.perf_counter() - t)
+                    if cols:
+                        self._write(spec, g, cols, out, parts, stats)
                     interrupted.saving = False
                     stats.run_s += time.perf_counter() - t
-                    stats.chunks += 1
-                    stats.n_new += len(res)
-                    bar.update(len(res))
             if interrupted.stop:
                 raise KeyboardInterrupt
         finally:
             bar.close()
+
+    @staticmethod
+    def _write(spec, g, cols, out, parts: Path, stats: Stats) -> None:
+        res, dyn, smp = rows(spec, g, cols, out)
+        first_id, last_id = res["run_id"].iloc[0], res["run_id"].iloc[-1]
+        tag = f"{first_id:019d}-{last_id:019d}-{stats.chunks:06d}-{os.getpid()}.parquet"
+        # samples and dynamics first: a results part marks the runs as done
+        if dyn is not None:
+            write_table_atomic(dyn, parts / f"dynamics-{tag}")
+        if smp is not None:
+            write_table_atomic(smp, parts / f"samples-{tag}")
+        write_table_atomic(res, parts / f"results-{tag}")
+        stats.chunks += 1
+        stats.n_new += len(res)
 
 
 @dataclasses.dataclass

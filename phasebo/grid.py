@@ -78,25 +78,40 @@ def group_pieces(spec: SweepSpec, g, done: np.ndarray, share: tuple[int, int] = 
                 yield cell, j
 
 
-def chunks(pieces: Iterator, width: int) -> Iterator[list]:
-    """Consecutive lists of pieces holding ``width`` runs each (the last fewer)."""
-    cur, n = [], 0
+def chunks(pieces: Iterator, width) -> Iterator[list]:
+    """Consecutive lists of pieces holding ``width`` runs each (the last fewer). ``width``: an
+    int, or a callable read at the start of every chunk (the executor sizes chunks as it
+    measures them)."""
+    size = width if callable(width) else (lambda: width)
+    cur, n, w = [], 0, size()
     for cell, j in pieces:
         while len(j):
-            take = min(width - n, len(j))
+            take = min(w - n, len(j))
             cur.append((cell, j[:take]))
             n += take
             j = j[take:]
-            if n == width:
+            if n == w:
                 yield cur
-                cur, n = [], 0
+                cur, n, w = [], 0, size()
     if cur:
         yield cur
 
 
-def chunk_arrays(spec: SweepSpec, g, pieces: list, width: int) -> tuple[dict, list]:
-    """Host arrays of a chunk, padded to ``width``: the swept and derived values, the root seeds
-    and the run-id words; plus, per piece, its settings columns for the rows."""
+def head(pieces: list, m: int) -> list:
+    """The first ``m`` runs of a chunk's pieces."""
+    out = []
+    for cell, j in pieces:
+        if m <= 0:
+            break
+        out.append((cell, j[:m]))
+        m -= len(j)
+    return out
+
+
+def chunk_arrays(spec: SweepSpec, g, pieces: list, multiple: int = 1) -> tuple[dict, list]:
+    """Host arrays of a chunk, padded to a multiple of ``multiple`` runs (whole blocks): the
+    swept and derived values, the root seeds and the run-id words; plus, per piece, its settings
+    columns for the rows."""
     model = g.model
     sw_parts: dict[str, list] = {}
     cols = []
@@ -121,8 +136,9 @@ def chunk_arrays(spec: SweepSpec, g, pieces: list, width: int) -> tuple[dict, li
     arrays = {}
     for k, v in sw_parts.items():
         a = np.concatenate(v)
-        if len(a) < width:  # pad with the last run (same shape: no new trace)
-            a = np.concatenate([a, np.repeat(a[-1:], width - len(a))])
+        pad = -len(a) % multiple
+        if pad:  # pad with the last run (whole blocks: the compiled shape)
+            a = np.concatenate([a, np.repeat(a[-1:], pad)])
         if k in ("root_seed",):
             a = a.astype(np.int32)
         elif k in ("_hi", "_lo"):

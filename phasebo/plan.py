@@ -2,12 +2,15 @@
 
 Each cell is resolved to its model, its engine and the engine's *program*
 (:meth:`phasebo.engines.base.Engine.program`: for the reduced engine every ``d`` gives the same
-program); cells that share a program form one :class:`Group`, traced and compiled once. A group's
-runs go through its compiled function in chunks of :attr:`Group.width` runs (a power of two times
-the block, so resumed and similar sweeps reuse the program), each device working through vmapped
-blocks of :attr:`Group.block` runs. Sizes come from the engines' memory and cost models
-(``bytes_per_run``, ``cost_per_run``) and the measured throughput :data:`RATE`; the same models
-give the dry run's time, memory and disk estimates. No run is enumerated here.
+program); cells that share a program form one :class:`Group`, traced and compiled once. The
+compiled shape is one *block* per device (:attr:`Group.block` runs vmapped together), whatever
+the sweep's size: every sweep of a program, small or large, resumed or grown, reuses one
+executable (and JAX's persistent compilation cache across processes). The executor feeds a
+chunk's blocks through it and writes each chunk as Parquet parts; :attr:`Group.width` is the
+first chunk's size, from the engines' cost models (``cost_per_run``) and the measured throughput
+:data:`RATE`, after which the executor sizes chunks by the time it measures. Block sizes come from
+the engines' memory models (``bytes_per_run``) and measured hints; the same models give the dry
+run's time, memory and disk estimates. No run is enumerated here.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from .registry import resolve_engine
 from .settings import ConfigError
 
 MEMORY_FRACTION = 0.5  # default fraction of free memory a sweep may plan to use
-CHUNK_SECONDS = 4.0  # aim for about this much work per chunk (progress, cheap resume)
-MAX_CHUNK = 4096
+CHUNK_SECONDS = 3.0  # aim for about this much compute per chunk (progress, Ctrl-C, resume)
+FIRST_CHUNK_SECONDS = 1.0  # the first chunk, sized by the cost model before any measurement
+MAX_CHUNK = 65536
 # Measured throughput (flop/s of each engine's cost model, 2-core CPU, `phasebo.bench`), used to
 # size chunks and for the dry run's time estimates; accelerators: a conservative 20x.
 RATE = {("direct", "cpu"): 2.0e10, ("gram", "cpu"): 2.0e10, ("reduced", "cpu"): 4.0e10}
@@ -58,8 +62,9 @@ class Group:
     n_runs: int = 0
     bytes_per_run: int = 0
     cost_per_run: float = 0.0
-    block: int = 1
-    width: int = 1  # runs per chunk (all chunks of the group have this shape)
+    block: int = 1  # runs vmapped together per device: the compiled shape
+    width: int = 1  # runs in the first chunk (a multiple of block x devices)
+    fixed: bool = False  # chunk width given by the user: not resized by measurement
 
     @property
     def label(self) -> str:
@@ -102,10 +107,6 @@ def free_memory_bytes() -> int:
     return 8 << 30
 
 
-def _pow2_at_least(k: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(k, 1))))
-
-
 def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None,
                block_size=None) -> None:
     """Block (runs vmapped together per device) and chunk width of a group."""
@@ -123,15 +124,24 @@ def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None
     if chunk_size is not None:  # a forced chunk smaller than a block shrinks the block
         g.block = max(1, min(g.block, chunk_size // n_dev))
     unit = g.block * n_dev
+    whole = unit * math.ceil(g.n_runs / unit)  # the group in whole blocks
     if chunk_size is not None:
-        width = max(1, chunk_size)
+        g.fixed = True
+        width = unit * math.ceil(max(1, chunk_size) / unit)
     else:
         seconds = g.cost_per_run / rate(g.engine.name, platform)
-        width = int(max(unit, min(MAX_CHUNK, CHUNK_SECONDS * n_dev / max(seconds, 1e-9))))
-    # a power of two times the unit: few shapes, so resume and similar sweeps reuse programs
-    k = max(1, width // unit)
-    width = unit * (1 << int(math.floor(math.log2(k))))
-    g.width = min(width, unit * _pow2_at_least(math.ceil(g.n_runs / unit)))
+        width = unit * max(1, int(FIRST_CHUNK_SECONDS * n_dev / max(seconds, 1e-9)) // unit)
+    g.width = max(unit, min(width, unit * (MAX_CHUNK // unit or 1), whole))
+
+
+def next_width(g: Group, n_dev: int, n_runs: int, seconds: float) -> int:
+    """The next chunk's width once a chunk of ``n_runs`` runs took ``seconds`` to compute:
+    about :data:`CHUNK_SECONDS` of work, in whole blocks."""
+    unit = g.block * n_dev
+    if g.fixed or seconds <= 0:
+        return g.width
+    k = int(CHUNK_SECONDS * n_runs / seconds) // unit
+    return unit * max(1, min(k, MAX_CHUNK // unit or 1))
 
 
 def _coinciding(spec: SweepSpec, i: int, j: int) -> str:
@@ -224,7 +234,7 @@ def describe(pl: Plan, out: Path) -> str:
         t = g.n_runs * g.cost_per_run / (rate(g.engine.name, pl.platform) * pl.n_dev)
         total_t += t + COMPILE_SECONDS
         lines.append(f"  {g.label}: {g.n_runs} runs in {len(g.cells)} cell(s); block {g.block}, "
-                     f"chunk {g.width}; memory ~{g.block * g.bytes_per_run / 2**20:.1f} MiB per "
+                     f"first chunk {g.width}; memory ~{g.block * g.bytes_per_run / 2**20:.1f} MiB per "
                      f"device; ~{fmt_time(t)}")
     lines.append(f"  estimated time ~{fmt_time(total_t)} (cost model of `phasebo bench`), tables "
                  f"~{estimated_disk(pl) / 2**20:.1f} MiB on disk, memory budget "

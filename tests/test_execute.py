@@ -1,11 +1,25 @@
 """The executor: one trace and one compile per program over many chunks, reused by the next
-sweep, and chunking that does not change a row."""
+sweep whatever its size, chunks sized by measurement, chunking that does not change a row, and a
+Ctrl-C that keeps every computed block."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import jax
+import numpy as np
+import pandas as pd
 from test_sweep import assert_same_tables, read, small_spec
 
 from phasebo import grid as G
+from phasebo import plan as P
+from phasebo.config import load_sweep, spec_from_dict
 from phasebo.execute import Executor, count_compiles
+from phasebo.results import done_run_ids
 from phasebo.sweep import run_sweep
 
 
@@ -38,3 +52,95 @@ def test_chunk_size_does_not_change_rows(tmp_path):
     assert tables[0]["results"]["run_id"].tolist() == G.spec_run_ids(spec).tolist()
     assert len(tables[0]["dynamics"]) == spec.n_runs * 4  # steps 0, 20, 40, 60
     assert_same_tables(tables[0], tables[1])
+
+
+def test_a_small_study_reuses_the_program_of_a_large_one(tmp_path):
+    """The compiled shape is one block per device, not the sweep's size: a 2-run study after a
+    96-run one of the same program traces and compiles nothing (in one process; across
+    processes the persistent compilation cache holds the same executable)."""
+    big = spec_from_dict({"model": "prompt_attention", "steps": 30, "n_test": 50},
+                         {"d": [400, 1000], "signal_norm": [5.0, 20.0, 40.0]}, seeds=16)
+    ex = Executor()
+    run_sweep(big, tmp_path / "big", quiet=True, plots=False, executor=ex)
+    assert sum(ex.compiles.values()) == 1  # the reduced engine: one program for every cell
+    small = spec_from_dict({"model": "prompt_attention", "steps": 30, "n_test": 50, "d": 700,
+                            "signal_norm": 12.0}, seeds=2)
+    again = Executor()
+    with count_compiles() as seen:
+        df = run_sweep(small, tmp_path / "small", quiet=True, plots=False, executor=again)
+    assert len(df) == 2
+    assert sum(again.traces.values()) == 0 and seen == {"compiles": 0}
+
+
+def test_chunks_are_sized_by_the_time_they_take():
+    g = P.Group(None, None, None, [], n_runs=10_000, block=4, width=8)
+    # 40 runs in 0.5 s -> about CHUNK_SECONDS of work, in whole blocks of 4 x 2 devices
+    w = P.next_width(g, 2, 40, 0.5)
+    assert w % 8 == 0 and abs(w - P.CHUNK_SECONDS * 80) <= 8
+    assert P.next_width(g, 2, 40, 1e6) == 8  # never below one block per device
+    assert P.next_width(g, 2, 40, 1e-9) <= P.MAX_CHUNK
+    g.fixed = True  # --chunk-size: kept as given
+    assert P.next_width(g, 2, 40, 0.5) == 8
+
+
+def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
+    """Start ``argv``, send SIGINT once its progress bar (of ``total`` runs) counts a finished
+    run: ``(exit code or None if still running 30 s later, seconds from the signal to the exit,
+    stderr, the count the bar showed)``."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    err = bytearray()
+
+    def drain():
+        while chunk := proc.stderr.read1(4096):
+            err.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    bar = re.compile(rb"\b([1-9]\d*)/%d \[" % total)
+    try:
+        deadline = time.monotonic() + timeout
+        while not bar.search(err):
+            assert proc.poll() is None, f"exit {proc.returncode} before any run:\n{err.decode()}"
+            assert time.monotonic() < deadline, "the sweep did not start\n" + err.decode()
+            time.sleep(0.05)
+        counted = int(bar.findall(err)[-1])
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None  # the interrupt was lost: the sweep runs on
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        proc.stderr.close()
+    return code, took, err.decode(), counted
+
+
+def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path):
+    """SIGINT to a sweep with chunks sized by measurement (no --chunk-size): exit 130 within
+    5 s, every run the progress bar had counted saved, and the resumed sweep equal to one that
+    was never interrupted."""
+    f = tmp_path / "ci.toml"
+    f.write_text('name = "ci"\nseeds = 250\n[settings]\nmodel = "prompt_attention"\n'
+                 'steps = 200\nn_test = 100\nrecord_log = 5\n[axes]\nd = [250, 4000]\n'
+                 'signal_norm = [5, 40]\n')
+    out = tmp_path / "out"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
+    code, took, text, counted = sigint_when_counted(
+        [sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out), "--no-plots"], env,
+        1000)
+    assert code == 130 and took <= 5.0, (code, took, text)
+    assert "Traceback" not in text and "interrupted: finished chunks are saved under" in text
+    done = done_run_ids(out / "parts")
+    assert counted <= len(done) < 1000 and len(np.unique(done)) == len(done)
+    spec = load_sweep(f)
+    resumed = run_sweep(spec, out, quiet=True, plots=False)
+    run_sweep(spec, tmp_path / "fresh", chunk_size=1000, quiet=True, plots=False)
+    assert len(resumed) == 1000 and resumed["run_id"].is_unique
+    a, b = read(out), read(tmp_path / "fresh")
+    assert_same_tables(a, b)
+    assert pd.Index(a["results"]["run_id"]).equals(pd.Index(b["results"]["run_id"]))

@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "makes an axis")
     p.add_argument("--seeds", type=int, help="seeds per grid cell (more seeds grow a finished "
                                              "sweep in place)")
-    p.add_argument("--chunk-size", type=int, help="runs per host chunk (default: ~4 s of work)")
+    p.add_argument("--chunk-size", type=int, help="runs per host chunk (default: sized by "
+                   "measurement, ~3 s of work)")
     p.add_argument("--block-size", type=int, help="runs vmapped together per device")
     p.add_argument("--memory-budget", help="bytes the sweep may plan for, e.g. 8G "
                                            "(default: half the free memory)")
