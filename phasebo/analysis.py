@@ -42,20 +42,31 @@ import numpy as np
 import pandas as pd
 
 from .registry import all_settings
-from .results import REGIMES, load_results
+from .results import (  # noqa: F401 (the column groups: re-exported)
+    DERIVED,
+    LABEL_COLUMNS,
+    REGIMES,
+    RUN_COLUMNS,
+    STEP,
+    load_results,
+    merge_groups,
+    read_table,
+)
 from .settings import ConfigError
 
 PathLike = str | Path
 CELL_REGIMES = (*REGIMES, "mixed", "failed")
 
-RUN_COLUMNS = ("run_id", "seed", "root_seed", "source", "engine_setting", "sweep")
-STEP = "step"  # the time axis of a dynamics table: a cell key, never a metric
-DERIVED = ("snr", "n_snr2")
-LABEL_COLUMNS = ("status", "regime")
 Z95 = 1.959963984540054
 
 
-def setting_names() -> set[str]:
+def setting_names(df: pd.DataFrame | None = None) -> set[str]:
+    """The setting columns' names: those ``df``'s file recorded (``df.attrs["column_groups"]``,
+    kept by pandas through filtering and indexing), else every setting this version's models
+    know."""
+    groups = df.attrs.get("column_groups") if df is not None else None
+    if groups:
+        return set(groups["settings"])
     return set(all_settings())
 
 
@@ -96,11 +107,15 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
             raise ConfigError(f"{p} does not exist; fix: give a sweep directory or a "
                               "results.parquet file")
         res = load_results(p, partial=partial)
-        res.insert(0, "source", str(p if p.is_dir() else p.parent))
+        if "source" not in res.columns:  # a saved table of loaded sweeps keeps its own
+            res.insert(0, "source", str(p if p.is_dir() else p.parent))
         res_frames.append(res)
     if not res_frames:
         raise ValueError("no sweep given")
     res = _concat(res_frames)
+    groups = merge_groups([f.attrs.get("column_groups") for f in res_frames])
+    if groups is not None:
+        res.attrs["column_groups"] = groups
     key = ["run_id", "engine"] if "engine" in res.columns else ["run_id"]
     dup = res.duplicated(key, keep="first")
     if dup.any():
@@ -119,15 +134,19 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
             hint = "; set record_every or record_log to record dynamics" if table == "dynamics" \
                 else ""
             raise ConfigError(f"{tp} does not exist: this sweep did not record {table}{hint}")
-        t = pd.read_parquet(tp)
-        t.insert(0, "source", str(p if p.is_dir() else p.parent))
+        t = read_table(tp)
+        if "source" not in t.columns:
+            t.insert(0, "source", str(p if p.is_dir() else p.parent))
         frames.append(t)
+    attrs = merge_groups([groups, *(f.attrs.get("column_groups") for f in frames)])
     t = _concat(frames)
-    cols = [c for c in res.columns if c in setting_names() or c in (*RUN_COLUMNS, *DERIVED,
-                                                                      "model", "engine",
-                                                                      "status", "regime")]
+    cols = [c for c in res.columns if c in setting_names(res) or c in (*RUN_COLUMNS, *DERIVED,
+                                                                         "model", "engine",
+                                                                         "status", "regime")]
     cols = [c for c in cols if c not in t.columns or c in ("source", "run_id")]
     t = t.merge(res.loc[keep, cols], on=["source", "run_id"], how="inner", validate="many_to_one")
+    if attrs is not None:
+        t.attrs["column_groups"] = attrs
     return t
 
 
@@ -163,7 +182,9 @@ def load_samples(paths: PathLike | Iterable[PathLike], **kw) -> pd.DataFrame:
 
 
 def setting_columns(df: pd.DataFrame) -> list[str]:
-    names = setting_names() | {"model", "engine"}
+    """The columns of ``df`` that are settings (:func:`setting_names`), ``model`` and ``engine``
+    included, run identifiers excluded."""
+    names = setting_names(df) | {"model", "engine"}
     return [c for c in df.columns if c in names and c not in RUN_COLUMNS]
 
 
@@ -190,7 +211,7 @@ def other_axes(df: pd.DataFrame, *axes: str | None) -> list[str]:
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Numeric columns of a results table that are measurements (not settings)."""
-    skip = setting_names() | set(RUN_COLUMNS) | set(DERIVED) | {STEP}
+    skip = setting_names(df) | set(RUN_COLUMNS) | set(DERIVED) | {STEP}
     return [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
             and not pd.api.types.is_bool_dtype(df[c])]
 

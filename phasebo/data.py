@@ -128,6 +128,12 @@ def embed_signal(signal: jax.Array, d: int) -> jax.Array:
     return jnp.pad(signal, pad)
 
 
+def sakamoto_head(d: int, signal_norm: jax.Array, dtype) -> jax.Array:
+    """``nu = (e1 - e2) / (sqrt(2) ||mu||)``."""
+    nu = jnp.zeros(d, dtype).at[0].set(1.0).at[1].set(-1.0)
+    return nu / (jnp.sqrt(jnp.asarray(2.0, dtype)) * signal_norm)
+
+
 def project_off_signal(noise: jax.Array) -> jax.Array:
     """``(I - e1 e1^T - e2 e2^T) xi``: the projection off span(e1, e2) (zero coordinates 0, 1)."""
     return noise.at[..., :2].set(0.0)

@@ -14,8 +14,6 @@ This is the one module that runs sweeps to draw figures (the sweep driver never 
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -92,25 +90,7 @@ def make_reference(out_dir: Path = REFERENCE_DIR, runs_dir: Path = REFERENCE_RUN
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="phasebo reference",
-                                description="Run the reference sweeps and rebuild "
-                                            "results/reference/*.png.")
-    p.add_argument("--out", default=str(REFERENCE_DIR))
-    p.add_argument("--seeds", type=int, default=2, help="seeds per cell of the p-only S3 map")
-    p.add_argument("--official-seeds", type=int, default=1,
-                   help="seeds per cell of the W-and-p S3 map (the paper had 1)")
-    p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
-    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        import jax  # one CPU device per core, as the sweep command does
+if __name__ == "__main__":  # python -m phasebo.reference: the command line's module runs it
+    from .cli.reference import main
 
-        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
-    for path in make_reference(Path(args.out), quiet=args.quiet, seeds=args.seeds,
-                               official_seeds=args.official_seeds):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

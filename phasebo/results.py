@@ -7,6 +7,15 @@ Three long-format tables, one row per:
 - ``dynamics``: (run, recorded step), when the sweep records dynamics;
 - ``samples``: (run, training sample): clean label, flipped, first-fit step, final margin.
 
+Every column belongs to one group (:func:`column_groups`): ``settings`` (the model's settings,
+``model``, ``engine``: what a cell is), ``run`` (identity and provenance: ``run_id``, ``seed``,
+...), ``derived`` (``snr``, ``n_snr2``), ``keys`` (``step`` of a dynamics row, ``sample`` of a
+samples row), ``labels`` (``status``, ``regime``) and ``metrics`` (everything measured). Each
+Parquet table records its groups in its metadata (:data:`GROUPS_KEY`), written from the model
+that made the rows, so a reader (:func:`read_table`) tells settings from metrics without the
+model registry: a file of a model or setting this version does not know is read as it was
+written.
+
 Parts are written atomically (temporary file + rename) as a sweep goes; :func:`assemble` joins the
 parts of the runs a sweep specification names (each exactly once, in the specification's order),
 applies the schema (ordered categoricals, integer counts) and writes ``results.parquet`` /
@@ -15,6 +24,7 @@ applies the schema (ordered categoricals, integer counts) and writes ``results.p
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import uuid
@@ -36,6 +46,14 @@ from .regimes import (  # noqa: F401 (REGIMES, classify_regime: re-exported)
 from .settings import ConfigError
 
 RUN_STATUSES = ("ok", "diverged")  # a run's status (phasebo.train.Status)
+# The column groups (see the module docstring); the settings come from the model of the rows.
+RUN_COLUMNS = ("run_id", "seed", "root_seed", "source", "engine_setting", "sweep")
+DERIVED = ("snr", "n_snr2")
+STEP = "step"  # the time axis of a dynamics table: a cell key, never a metric
+KEY_COLUMNS = (STEP, "sample")
+LABEL_COLUMNS = ("status", "regime")
+GROUPS = ("settings", "run", "derived", "keys", "labels", "metrics")
+GROUPS_KEY = b"phasebo.column_groups"  # Parquet metadata: {group: [column, ...]} as JSON
 INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step",
                "first_benign_step", "dip_step", "recovery_step")
 
@@ -69,6 +87,48 @@ def apply_schema(df: pd.DataFrame, models=None, engines=None) -> pd.DataFrame:
 
 
 TIMELINE = ("first_benign_step", "dip_step", "dip_test_acc", "recovery_step")
+
+
+def column_groups(columns, settings) -> dict[str, list[str]]:
+    """``columns`` by group (:data:`GROUPS`, each in column order); ``settings``: the setting
+    names of the model(s) that made the rows (``model`` and ``engine`` are settings too)."""
+    settings = set(settings) | {"model", "engine"}
+    out: dict[str, list[str]] = {k: [] for k in GROUPS}
+    for c in columns:
+        g = ("run" if c in RUN_COLUMNS else "derived" if c in DERIVED else
+             "keys" if c in KEY_COLUMNS else "labels" if c in LABEL_COLUMNS else
+             "settings" if c in settings else "metrics")
+        out[g].append(c)
+    return out
+
+
+def merge_groups(groups: list) -> dict[str, list[str]] | None:
+    """One grouping of several tables' (``None`` where none records one); a column that is a
+    setting in one table is a setting of the union."""
+    groups = [g for g in groups if g]
+    if not groups:
+        return None
+    out = {k: list(dict.fromkeys(c for g in groups for c in g.get(k, []))) for k in GROUPS}
+    taken: set = set()
+    for k in GROUPS:  # first group wins: settings before metrics
+        out[k] = [c for c in out[k] if c not in taken]
+        taken |= set(out[k])
+    return out
+
+
+def groups_of(path: Path) -> dict[str, list[str]] | None:
+    """The column groups a Parquet file records (``None`` for a file written without them)."""
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta[GROUPS_KEY]) if GROUPS_KEY in meta else None
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A Parquet table with its recorded column groups in ``df.attrs["column_groups"]``."""
+    df = pd.read_parquet(path)
+    g = groups_of(path)
+    if g is not None:
+        df.attrs["column_groups"] = g
+    return df
 
 
 def output_columns(model, out) -> set[str]:
@@ -132,6 +192,7 @@ def rows(spec, g, cols: list, out) -> tuple:
             reg = regimes_over_time(dyn, res)
             dyn["regime"] = reg["regime"].to_numpy()
             res = res.merge(timeline(reg, res), on="run_id", how="left", validate="one_to_one")
+        dyn.attrs["column_groups"] = column_groups(dyn.columns, model.settings)
     smp = None
     if out.samples:
         cols_s = {k: np.asarray(v)[:n] for k, v in out.samples.items()}
@@ -139,14 +200,32 @@ def rows(spec, g, cols: list, out) -> tuple:
         smp = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), m),
                             "sample": np.tile(np.arange(m), n),
                             **{k: v.reshape(-1) for k, v in cols_s.items()}})
+        smp.attrs["column_groups"] = column_groups(smp.columns, model.settings)
+    res.attrs["column_groups"] = column_groups(res.columns, model.settings)
     return res, dyn, smp
 
 
-def write_table_atomic(df: pd.DataFrame, path: Path) -> None:
-    """Write Parquet through a temporary file and an atomic rename (never a half-written file)."""
+def write_table_atomic(df: pd.DataFrame, path: Path, groups: dict | None = None) -> None:
+    """Write Parquet through a temporary file and an atomic rename (never a half-written file);
+    ``groups`` (default: ``df.attrs["column_groups"]``), restricted to the table's columns, go
+    into its metadata."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")  # unique across hosts
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
+    groups = groups if groups is not None else df.attrs.get("column_groups")
+    if not groups:
+        table = pa.Table.from_pandas(df, preserve_index=False)
+    else:
+        have = set(df.columns)
+        kept = {k: [c for c in v if c in have] for k, v in groups.items()}
+        attrs = df.attrs  # pyarrow stores the attrs as well: one grouping in the file
+        df.attrs = {**attrs, "column_groups": kept}
+        try:
+            table = pa.Table.from_pandas(df, preserve_index=False)
+        finally:
+            df.attrs = attrs
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               GROUPS_KEY: json.dumps(kept).encode()})
+    pq.write_table(table, tmp)
     os.replace(tmp, path)
 
 
@@ -169,7 +248,11 @@ def read_parts(parts_dir: Path, kind: str, tags: set[str] | None = None) -> pd.D
     files = part_files(parts_dir, kind, tags)
     if not files:
         return None
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    groups = merge_groups([groups_of(f) for f in files])
+    if groups is not None:
+        df.attrs["column_groups"] = groups
+    return df
 
 
 def done_run_ids(parts_dir: Path) -> np.ndarray:
@@ -194,6 +277,7 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
     if df is None:
         raise ConfigError(f"{out_dir} has no finished runs yet (no result parts under {parts}); "
                           "fix: run the sweep first")
+    groups = df.attrs.get("column_groups")
     df = df.drop_duplicates("run_id", keep="first")
     pos = pd.Index(np.asarray(expected, np.int64)).get_indexer(df["run_id"].to_numpy())
     df = df[pos >= 0].assign(_pos=pos[pos >= 0]).sort_values("_pos", kind="stable")
@@ -201,6 +285,8 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
     if missing and not partial:
         raise RuntimeError(f"{missing} runs of the sweep are missing from {parts}")
     df = apply_schema(df.drop(columns="_pos").reset_index(drop=True), models, engines)
+    if groups is not None:
+        df.attrs["column_groups"] = groups
     if write:
         write_table_atomic(df, out_dir / "results.parquet")
         write_csv_atomic(df, out_dir / "results.csv")
@@ -212,12 +298,13 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
         t = read_parts(parts, kind, tags)
         if t is None:
             continue
+        g = t.attrs.get("column_groups")
         t = t.drop_duplicates(["run_id", inner], keep="first")
         p = order.get_indexer(t["run_id"].to_numpy())
         t = t[p >= 0].assign(_pos=p[p >= 0]).sort_values(["_pos", inner], kind="stable")
         t = t.drop(columns="_pos").reset_index(drop=True)
         if write:
-            write_table_atomic(t, out_dir / f"{kind}.parquet")
+            write_table_atomic(t, out_dir / f"{kind}.parquet", g)
     return df
 
 
@@ -228,7 +315,7 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
     if path.is_dir():
         f = path / "results.parquet"
         if f.exists() and not partial:
-            return pd.read_parquet(f)
+            return read_table(f)
         if (path / "parts").is_dir():
             if not partial:
                 raise ConfigError(f"{path} holds an unfinished sweep (no results.parquet); fix: "
@@ -239,10 +326,13 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
                 raise ConfigError(f"{path} has no finished runs yet")
             print(f"phasebo: {path}: read {len(df)} finished runs of an unfinished sweep",
                   file=sys.stderr)
-            return apply_schema(df.drop_duplicates("run_id").reset_index(drop=True))
+            attrs = dict(df.attrs)
+            df = apply_schema(df.drop_duplicates("run_id").reset_index(drop=True))
+            df.attrs.update(attrs)
+            return df
         raise ConfigError(f"{path} is not a sweep directory (no results.parquet); fix: give the "
                           "--out directory of a sweep")
     if not path.exists():
         raise ConfigError(f"{path} does not exist; fix: give a sweep directory or a "
                           "results.parquet file")
-    return pd.read_parquet(path)
+    return read_table(path)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from phasebo import bench
+from phasebo.cli.bench import main as bench_main
 
 
 def test_numpy_reference_is_the_same_model():
@@ -17,7 +18,7 @@ def test_numpy_reference_is_the_same_model():
 
 def test_bench_quick_loop_section_runs_and_reports(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = bench.main(["--quick", "--sections", "loop", "--steps", "5", "--repeat", "1",
+    rc = bench_main(["--quick", "--sections", "loop", "--steps", "5", "--repeat", "1",
                      "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
@@ -28,14 +29,14 @@ def test_bench_quick_loop_section_runs_and_reports(tmp_path, capsys):
 
 
 def test_bench_rejects_an_unknown_section(capsys):
-    assert bench.main(["--sections", "nope"]) == 2
+    assert bench_main(["--sections", "nope"]) == 2
     assert "unknown section" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # 38 s; the quick loop section runs by default
 def test_bench_dynamics_section_reports_the_ratios(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert bench.main(["--quick", "--sections", "dynamics", "--steps", "5", "--repeat", "1",
+    assert bench_main(["--quick", "--sections", "dynamics", "--steps", "5", "--repeat", "1",
                        "--json", str(out)]) == 0
     assert "every10/none" in capsys.readouterr().out
     rec = json.loads(out.read_text())["dynamics"][0]

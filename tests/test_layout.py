@@ -85,6 +85,20 @@ def test_the_pipeline_imports_no_plotting():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_the_command_line_has_one_home():
+    """argparse is imported only under phasebo/cli: every command's flags live there."""
+    outside = []
+    for path in MODULES:
+        if path.parent.name == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) else []
+            if "argparse" in names:
+                outside.append(str(path.relative_to(ROOT)))
+    assert not outside, outside
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
 def test_no_module_is_over_600_lines(path):
     limit = 250 if path.name == "sweep.py" and path.parent == PKG else 600

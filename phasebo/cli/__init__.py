@@ -99,15 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "boundaries":
         return boundaries_main(rest, prog="phasebo boundaries")
     if cmd == "bench":
-        from ..bench import main as bench_main
+        from .bench import main as bench_main
 
         return bench_main(rest)
     if cmd == "reference":
-        from ..reference import main as ref_main
+        from .reference import main as ref_main
 
         return ref_main(rest)
     if cmd == "pretrain":
-        from ..models.vit_digits import main as pre_main
+        from .pretrain import main as pre_main
 
         return pre_main(rest)
     if cmd == "settings":

@@ -21,12 +21,11 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
-from ..data import RELEVANT, WEAK_OPP, Batch, embed_signal
+from ..data import RELEVANT, WEAK_OPP, Batch, embed_signal, sakamoto_head
 from ..metrics import vec_metrics
 from ..settings import NOISE_MODE, Setting, nonneg
 from ..train import dtype_of
 from .common import SakamotoSampledModel
-from .prompt_attention import sakamoto_head
 
 
 class ConstructedQuery(eqx.Module):

@@ -24,6 +24,7 @@ from ..data import (
     factor_width,
     projected_scores,
     projection_normals,
+    sakamoto_head,
     sakamoto_reduced_init,
     sakamoto_reduced_sample,
     sakamoto_roles,
@@ -65,12 +66,6 @@ class PromptQuery(eqx.Module):
 
     def query(self) -> jax.Array:
         return self.q
-
-
-def sakamoto_head(d: int, signal_norm: jax.Array, dtype) -> jax.Array:
-    """``nu = (e1 - e2) / (sqrt(2) ||mu||)``."""
-    nu = jnp.zeros(d, dtype).at[0].set(1.0).at[1].set(-1.0)
-    return nu / (jnp.sqrt(jnp.asarray(2.0, dtype)) * signal_norm)
 
 
 def uniform_W(key: jax.Array, d: int, dtype) -> jax.Array:

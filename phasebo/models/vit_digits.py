@@ -499,24 +499,3 @@ class ViTDigitsModel(Model):
     def cost_per_run(self, static):
         w, T = static.vit_width, N_TOKENS
         return 2.0 * static.n * T * 12 * w * w * max(static.steps, 1) * 3
-
-
-# --------------------------------------------------------------------------------------------
-# phasebo pretrain
-# --------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``phasebo pretrain [--steps N] [--width W] ...``: build (or show) the cached backbone."""
-    import argparse
-
-    model = ViTDigitsModel()
-    p = argparse.ArgumentParser(prog="phasebo pretrain", description=main.__doc__)
-    for k in ("vit_width", "vit_depth", "vit_heads", "pretrain_steps", "pretrain_seed"):
-        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=model.settings[k].default)
-    args = p.parse_args(argv)
-    static = model.static_of({k: getattr(args, k) for k in vars(args)})
-    rec = backbone_record(static)
-    print(json.dumps(rec, indent=1))
-    print(f"weights: {backbone_path(backbone_settings(static)).with_suffix('.eqx')}")
-    return 0

@@ -1,0 +1,104 @@
+"""``python -m phasebo.bench`` / ``phasebo bench``: the benchmark's command line (the sections
+are in :mod:`phasebo.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..bench import (
+    DEFAULT_SECTIONS,
+    SECTIONS,
+    section_blocks,
+    section_dynamics,
+    section_engines,
+    section_gpu,
+    section_heatmap,
+    section_loop,
+    section_precision,
+    section_readme,
+    section_traces,
+    section_wp,
+)
+from ..bench import __doc__ as BENCH_DOC
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m phasebo.bench",
+                                description=BENCH_DOC.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
+                   help=f"comma list of {', '.join(SECTIONS)}, or all (default: "
+                        f"{','.join(DEFAULT_SECTIONS)})")
+    p.add_argument("--precision", action="store_true", help="add the float32/float64 section")
+    p.add_argument("--heatmap", action="store_true",
+                   help="add the timing of the full sweeps/sakamoto_heatmap.toml")
+    p.add_argument("--heatmap-seeds", type=int, default=100, help="seeds per heatmap cell")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="timed runs per figure: one warm-up, then the best of the rest")
+    p.add_argument("--steps", type=int, help="GD steps per run (default: 1000, quick: 100)")
+    p.add_argument("--json", help="also write the measurements to this JSON file")
+    p.add_argument("--cpu-devices", type=int, help="split the CPU into this many devices "
+                                                   "(default: one per core, as the sweep)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import jax
+
+    ncpu = args.cpu_devices or os.cpu_count() or 1
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        try:
+            jax.config.update("jax_num_cpu_devices", ncpu)
+        except RuntimeError:  # JAX already started (called in-process): keep its devices
+            pass
+    import phasebo  # noqa: F401  (registers models and engines)
+
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if args.precision and "precision" not in sections:
+        sections.append("precision")
+    if args.steps is not None and args.steps < 1:
+        print(f"phasebo.bench: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
+        return 2
+    if args.heatmap and "heatmap" not in sections:
+        sections.append("heatmap")
+    if sections == ["all"]:
+        sections = list(SECTIONS)
+    bad = [x for x in sections if x not in SECTIONS]
+    if bad:
+        print(f"phasebo.bench: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
+              "all", file=sys.stderr)
+        return 2
+    devs = jax.local_devices()
+    print(f"phasebo.bench: {len(devs)} {devs[0].platform} device(s), {os.cpu_count()} cores, "
+          f"jax {jax.__version__}{', quick' if args.quick else ''}")
+    out: dict = {"devices": len(devs), "platform": devs[0].platform, "quick": args.quick}
+    t0 = time.perf_counter()
+    q, repeat = args.quick, args.repeat
+    run = {
+        "loop": lambda: section_loop(q, repeat, out, args.steps),
+        "engines": lambda: section_engines(q, repeat, out, args.steps),
+        "wp": lambda: section_wp(q, repeat, out, args.steps),
+        "blocks": lambda: section_blocks(q, repeat, out, args.steps),
+        "dynamics": lambda: section_dynamics(q, repeat, out, args.steps),
+        "traces": lambda: section_traces(q, out),
+        "readme": lambda: section_readme(q, out),
+        "heatmap": lambda: section_heatmap(args.heatmap_seeds if not q else 1, out),
+        "precision": lambda: section_precision(q, out, args.steps),
+        "gpu": lambda: section_gpu(q, out),
+    }
+    # precision turns on float64 for the process: it runs after every float32 timing
+    for name in [x for x in SECTIONS if x in sections]:
+        if name == "precision":
+            jax.config.update("jax_enable_x64", True)
+        run[name]()
+    out["total_s"] = time.perf_counter() - t0
+    print(f"\nphasebo.bench: done in {out['total_s']:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0

@@ -1,0 +1,23 @@
+"""``phasebo pretrain``: build (or show) the cached digits backbone of the ``vit_digits``
+model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..models.vit_digits import ViTDigitsModel, backbone_path, backbone_record, backbone_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``phasebo pretrain [--steps N] [--width W] ...``: build (or show) the cached backbone."""
+    model = ViTDigitsModel()
+    p = argparse.ArgumentParser(prog="phasebo pretrain", description=main.__doc__)
+    for k in ("vit_width", "vit_depth", "vit_heads", "pretrain_steps", "pretrain_seed"):
+        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=model.settings[k].default)
+    args = p.parse_args(argv)
+    static = model.static_of({k: getattr(args, k) for k in vars(args)})
+    rec = backbone_record(static)
+    print(json.dumps(rec, indent=1))
+    print(f"weights: {backbone_path(backbone_settings(static)).with_suffix('.eqx')}")
+    return 0

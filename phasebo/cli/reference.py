@@ -1,0 +1,29 @@
+"""``phasebo reference``: run the reference sweeps and rebuild ``results/reference/*.png``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..reference import REFERENCE_DIR, make_reference
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="phasebo reference",
+                                description="Run the reference sweeps and rebuild "
+                                            "results/reference/*.png.")
+    p.add_argument("--out", default=str(REFERENCE_DIR))
+    p.add_argument("--seeds", type=int, default=2, help="seeds per cell of the p-only S3 map")
+    p.add_argument("--official-seeds", type=int, default=1,
+                   help="seeds per cell of the W-and-p S3 map (the paper had 1)")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        import jax  # one CPU device per core, as the sweep command does
+
+        jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
+    for path in make_reference(Path(args.out), quiet=args.quiet, seeds=args.seeds,
+                               official_seeds=args.official_seeds):
+        print(path)
+    return 0
