@@ -226,14 +226,20 @@ def _never_as_nan(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
 
 
 def wilson(k, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson score interval of a proportion ``k / n`` (NaN where ``n = 0``)."""
+    """Wilson score interval of a proportion ``k / n`` (NaN where ``n = 0``), inside [0, 1]:
+    exactly 0 below ``k = 0`` and 1 above ``k = n``, which rounding alone misses
+    (``1 - 1e-16``)."""
     k, n = np.asarray(k, float), np.asarray(n, float)
     with np.errstate(invalid="ignore", divide="ignore"):
         p = k / n
         den = 1 + z**2 / n
         mid = (p + z**2 / (2 * n)) / den
         half = z * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / den
-    return mid - half, mid + half
+    lo = np.where(k == 0, 0.0, np.clip(mid - half, 0.0, 1.0))
+    hi = np.where(k == n, 1.0, np.clip(mid + half, 0.0, 1.0))
+    bad = ~(n > 0)
+    lo, hi = np.where(bad, np.nan, lo), np.where(bad, np.nan, hi)
+    return (lo[()], hi[()]) if lo.ndim == 0 else (lo, hi)
 
 
 def at_step(df: pd.DataFrame, step) -> pd.DataFrame:

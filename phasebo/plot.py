@@ -101,14 +101,25 @@ def _edges(vals: np.ndarray, log: bool) -> np.ndarray:
     return e
 
 
+def slice_hint(df: pd.DataFrame, other: str, x, y) -> str:
+    """Why a figure of ``x`` and ``y`` cannot be drawn when ``other`` varies too, and the fix in
+    a sweep file's syntax (and Python's)."""
+    vals = np.sort(df[other].dropna().unique())
+    v = vals[0].item() if hasattr(vals[0], "item") else vals[0]
+    shown = ", ".join(map(str, vals[:6])) + (", ..." if len(vals) > 6 else "")
+    toml = f'"{v}"' if isinstance(v, str) else v
+    return (f"{other} varies besides {', '.join(a for a in (x, y) if a)} ({shown}); fix: draw "
+            f"one slice with where = {{ {other} = {toml} }} in the [plot] entry (where={{"
+            f"{other!r}: {v!r}}} in Python)")
+
+
 def _cells(df: pd.DataFrame, where, x=None, y=None) -> pd.DataFrame:
     df = A.select(df, where)
     if A.is_aggregate(df):
         return df
     others = A.other_axes(df, x, y)
     if others:
-        raise ValueError(f"{others[0]} varies besides {x} and {y}; fix: where={{{others[0]!r}: "
-                         "value}} to draw one slice")
+        raise ValueError(slice_hint(df, others[0], x, y))
     return A.aggregate(df, by=[c for c in (x, y) if c is not None])
 
 
@@ -312,8 +323,7 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     sel = A.at_step(dyn, steps)
     others = A.other_axes(sel, x, y)
     if others:
-        raise ValueError(f"{others[0]} varies besides {x} and {y}; fix: where = "
-                         f"{{ {others[0]} = value }} to draw one slice")
+        raise ValueError(slice_hint(sel, others[0], x, y))
     # one aggregate for every panel (the step is a cell key), regime fractions only
     agg = A.aggregate(sel, by=[x, y], metrics=["test_acc"])
     cells = {s: agg[agg["step"] == s] for s in steps}
@@ -381,15 +391,37 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     return fig, ax
 
 
+def fixed_scale(value: str, lo: float) -> tuple[float, float] | None:
+    """The fixed colour range of a metric: accuracies [0.5, 1] ([0, 1] below chance), fractions
+    [0, 1]; ``None``: the data's own range."""
+    if value.endswith("_acc") or "_acc_" in value:
+        return (0.5 if lo >= 0.5 else 0.0, 1.0)
+    if value.startswith("frac_") or value.endswith("_frac"):
+        return (0.0, 1.0)
+    return None
+
+
+def range_text(lo: float, hi: float) -> str:
+    """``lo–hi`` with the fewest significant digits (3 to 8) that tell them apart."""
+    for digits in range(3, 9):
+        a, b = f"{lo:.{digits}g}", f"{hi:.{digits}g}"
+        if a != b or lo == hi:
+            return f"{a}–{b}" if lo != hi else a
+    return f"{a}–{b}"
+
+
 def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d", ax=None,
               cmap: str | None = None, vmin=None, vmax=None, theory: Theory | None = None,
               where: Mapping | None = None, stat: str = "mean", logx: bool | None = None,
               logy: bool | None = None, lognorm: bool | None = None, title: str | None = None):
     """Continuous map of ``value`` (a metric; its seed ``stat``: mean, se, min, max) over two axes.
 
-    Colours span the data (``vmin``/``vmax`` override) and the colour bar says the range, so a map
-    of accuracies between 0.89 and 1 uses the whole colour scale. Losses use a log scale when they
-    span more than a factor 10. Cells without a value are light grey.
+    Accuracies are drawn on a fixed scale, [0.5, 1] (chance to perfect on a balanced binary task;
+    [0, 1] when a cell is below chance), so maps of different sweeps compare by colour and
+    0.9995 against 1.0 is not navy against yellow; fractions on [0, 1]; other metrics span the
+    data. ``vmin`` / ``vmax`` override. The colour bar states the data range to as many digits as
+    tell its ends apart. Losses use a log scale when they span more than a factor 10. Cells
+    without a value are light grey.
     """
     cells = _cells(df, where, x, y)
     col = f"{value}_{stat}" if f"{value}_{stat}" in cells.columns else value
@@ -403,8 +435,10 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     fin = z[np.isfinite(z)]
     lo = float(fin.min()) if fin.size else 0.0
     hi = float(fin.max()) if fin.size else 1.0
-    vmin = lo if vmin is None else vmin
-    vmax = (hi if hi > vmin else vmin + 1e-9) if vmax is None else vmax
+    fixed = fixed_scale(value, lo)
+    vmin = (fixed[0] if fixed else lo) if vmin is None else vmin
+    vmax = (fixed[1] if fixed else hi) if vmax is None else vmax
+    vmax = vmax if vmax > vmin else vmin + 1e-9
     if lognorm is None:
         lognorm = "loss" in value and fin.size > 0 and lo > 0 and hi / lo > 10
     norm = LogNorm(vmin=vmin, vmax=vmax) if lognorm else Normalize(vmin=vmin, vmax=vmax)
@@ -417,7 +451,7 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
 
     meshes, xe, ye = _row_meshes(ax, g, xs, ys, logx, logy, draw)
     what = _label(value) + ("" if stat == "mean" else f" ({stat})")
-    fig.colorbar(meshes[0], ax=ax, label=f"{what}\n(data range {lo:.3g}–{hi:.3g})")
+    fig.colorbar(meshes[0], ax=ax, label=f"{what}\n(data range {range_text(lo, hi)})")
     _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     text = f"{_label(value)} ({stat} over seeds; {_seed_text(cells)})"

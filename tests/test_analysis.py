@@ -189,3 +189,14 @@ def test_at_step_refuses_a_step_that_is_not_whole():
     for bad in (100.5, [0, 99.99999]):
         with pytest.raises(ValueError, match="whole number"):
             A.at_step(dyn, bad)
+
+
+def test_wilson_intervals_stay_in_zero_one():
+    lo, hi = pb.wilson(10, 10)
+    assert hi == 1.0 and 0 < lo < 1
+    lo, hi = pb.wilson(0, 10)
+    assert lo == 0.0 and 0 < hi < 1
+    lo, hi = pb.wilson(np.array([0, 3, 7, 7]), np.array([7, 7, 7, 0]))
+    assert lo[0] == 0.0 and hi[2] == 1.0 and np.isnan(lo[3]) and np.isnan(hi[3])
+    assert np.all((lo[:3] >= 0) & (hi[:3] <= 1) & (lo[:3] < hi[:3]))
+    assert np.isnan(pb.wilson(0, 0)[0])

@@ -194,15 +194,36 @@ def test_axis_scale_follows_the_grid():
     assert np.allclose(np.log10(e), [0.5, 1.5, 2.5, 3.5])
 
 
-def test_value_map_scales_colours_to_the_data_and_says_so(sweep):
+def test_value_map_colour_scales_compare_across_sweeps_and_say_the_data_range(sweep):
     runs = pb.load(sweep)
-    fig, ax = P.value_map(runs, "test_acc", "signal_norm", "noise_ratio")
     cells = pb.aggregate(runs, by=["signal_norm", "noise_ratio"])
+    # accuracies on the fixed [0.5, 1]: two sweeps' maps compare by colour
+    fig, ax = P.value_map(runs, "test_acc", "signal_norm", "noise_ratio")
     lo, hi = cells["test_acc_mean"].min(), cells["test_acc_mean"].max()
     mesh = ax.collections[0]
-    assert mesh.norm.vmin == pytest.approx(lo) and mesh.norm.vmax == pytest.approx(hi)
-    assert f"{lo:.3g}" in fig.axes[-1].get_ylabel() and f"{hi:.3g}" in fig.axes[-1].get_ylabel()
+    assert lo >= 0.5 and (mesh.norm.vmin, mesh.norm.vmax) == (0.5, 1.0)
+    assert P.range_text(lo, hi) in fig.axes[-1].get_ylabel()
     P.plt.close(fig)
+    # other metrics span their data
+    fig, ax = P.value_map(runs, "p_norm", "signal_norm", "noise_ratio")
+    lo, hi = cells["p_norm_mean"].min(), cells["p_norm_mean"].max()
+    mesh = ax.collections[0]
+    assert mesh.norm.vmin == pytest.approx(lo) and mesh.norm.vmax == pytest.approx(hi)
+    P.plt.close(fig)
+    # the range has the digits that tell its ends apart
+    assert P.range_text(0.9995, 1.0) == "0.9995–1" and P.range_text(0.5, 0.75) == "0.5–0.75"
+    assert P.range_text(0.123456, 0.123457) == "0.123456–0.123457"
+    assert P.fixed_scale("train_acc_noisy", 0.3) == (0.0, 1.0)
+    assert P.fixed_scale("frac_noisy_fitted", 0.9) == (0.0, 1.0) and not P.fixed_scale("margin", 0)
+
+
+def test_a_third_axis_is_refused_with_a_fix_in_the_sweep_files_syntax(sweep):
+    runs = pb.load(sweep)
+    with pytest.raises(ValueError) as e:
+        P.value_map(runs, "test_acc", "signal_norm", "d")
+    msg = str(e.value)
+    assert "where = { noise_ratio = " in msg and " } in the [plot] entry" in msg
+    assert "where={'noise_ratio': " in msg and "}}" not in msg
 
 
 def test_small_grids_keep_positive_axes_positive_and_legends_honest():
