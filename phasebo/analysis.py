@@ -141,8 +141,8 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
     attrs = merge_groups([groups, *(f.attrs.get("column_groups") for f in frames)])
     t = _concat(frames)
     cols = [c for c in res.columns if c in setting_names(res) or c in (*RUN_COLUMNS, *DERIVED,
-                                                                         "model", "engine",
-                                                                         "status", "regime")]
+                                                                         *LABEL_COLUMNS,
+                                                                         "model", "engine")]
     cols = [c for c in cols if c not in t.columns or c in ("source", "run_id")]
     t = t.merge(res.loc[keep, cols], on=["source", "run_id"], how="inner", validate="many_to_one")
     if attrs is not None:
@@ -235,10 +235,8 @@ def wilson(k, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
         den = 1 + z**2 / n
         mid = (p + z**2 / (2 * n)) / den
         half = z * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / den
-    lo = np.where(k == 0, 0.0, np.clip(mid - half, 0.0, 1.0))
-    hi = np.where(k == n, 1.0, np.clip(mid + half, 0.0, 1.0))
-    bad = ~(n > 0)
-    lo, hi = np.where(bad, np.nan, lo), np.where(bad, np.nan, hi)
+    lo = np.where((k == 0) & (n > 0), 0.0, np.clip(mid - half, 0.0, 1.0))  # NaN stays NaN
+    hi = np.where((k == n) & (n > 0), 1.0, np.clip(mid + half, 0.0, 1.0))
     return (lo[()], hi[()]) if lo.ndim == 0 else (lo, hi)
 
 

@@ -76,7 +76,7 @@ def check_plot_spec(spec, columns: set[str] | None = None) -> None:
             raise ConfigError(f"[plot] unknown key {k!r}; allowed: {', '.join(PLOT_KEYS)}")
     from .registry import all_settings
 
-    settings = set(all_settings()) | {"snr", "n_snr2", "seed"}
+    settings = set(all_settings()) | set(A.DERIVED) | {"seed"}
     for kind, keys, need in (("heatmaps", HEATMAP_KEYS, ("x", "y")), ("lines", LINE_KEYS, ("x",))):
         entries = plot.get(kind, [])
         if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):

@@ -135,8 +135,8 @@ def output_columns(model, out) -> set[str]:
     """The columns a group's results rows will have: its model's settings, the derived columns,
     the final metrics of the traced program (``out``: its abstract ``RunOutput``) and, when it
     records a margin, each run's timeline (:func:`phasebo.regimes.timeline`)."""
-    cols = set(model.settings) | set(out.final) | {"sweep", "run_id", "seed", "snr", "n_snr2",
-                                                   "status", "regime", "engine_setting"}
+    cols = set(model.settings) | set(out.final) | (set(RUN_COLUMNS) - {"source"}) | \
+        set(DERIVED) | set(LABEL_COLUMNS)
     return cols | (set(TIMELINE) if out.dynamics and "margin" in out.dynamics else set())
 
 
