@@ -389,6 +389,33 @@ def exponents_over_steps(b: pd.DataFrame, y: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+FIT_STATUSES = ("ok", "scattered", "too_few_slices")
+
+
+def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
+    """The power-law fit of a boundary table as one row, with its verdict: ``status`` is
+    ``too_few_slices`` (fewer than :data:`MIN_FIT_POINTS` resolved slices: no exponent is
+    stated), ``scattered`` (χ²/dof above :data:`SCATTER`: the slices scatter about the fit more
+    than their intervals allow, so one power law does not describe the boundary) or ``ok``;
+    ``theory_exponent`` and ``theory_prefactor`` (its constant fitted) where a theory applies."""
+    usable = b[np.isfinite(b["boundary"].to_numpy(float))
+               & b["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+    th = theory_exponent(x, y)
+    row = {"between": str(b["between"].iloc[0]) if len(b) else "", "x": x, "slice": y,
+           "n_slices": len(b), "n_points": len(usable), "exponent": np.nan, "lo": np.nan,
+           "hi": np.nan, "prefactor": np.nan, "chi2_dof": np.nan,
+           "theory_exponent": th[0] if th else np.nan, "theory_prefactor": np.nan,
+           "status": "too_few_slices"}
+    if len(usable) < MIN_FIT_POINTS:
+        return row
+    fit = fit_power_law(usable, y)
+    row.update({k: fit[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof")})
+    row["status"] = "scattered" if fit["chi2_dof"] > SCATTER else "ok"
+    if th:
+        row["theory_prefactor"] = fit_power_law(usable, y, exponent=th[0])["prefactor"]
+    return row
+
+
 def summary(b: pd.DataFrame, x: str, y: str) -> str:
     """A short text: the boundaries found, the power-law fit and the theory's exponent (at each
     recorded step, for a boundary trajectory)."""

@@ -9,7 +9,10 @@ already chosen (``MPLBACKEND``, pyplot already imported, or a Jupyter kernel's i
 function               what
 =====================  ==============================================================
 ``regime_map``         categorical phase diagram (colour-blind-safe), theory curves, any grid
-``value_map``          continuous map of an aggregated metric, colours scaled to its data
+``value_map``          continuous map of an aggregated metric, accuracies on a fixed scale
+``facet_maps``         small multiples of either map, one panel per slice of the other axes
+``cases_figure``       the cells of a ``[[cases]]`` sweep side by side (no map of unrun cells)
+``boundary_figure``    a regime map with boundaries, their fit (3+ slices) and the theory
 ``line_plot``          a metric against one axis, mean and SE band per hue (1-D sweeps)
 ``attention_dynamics`` softmax mass per token of the tracked samples (Sakamoto & Sato Figs. 3-5)
 ``ss_dynamics``        group means of s(1−s), clean vs flipped
@@ -30,13 +33,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 from matplotlib.colors import BoundaryNorm, ListedColormap, LogNorm, Normalize
 
 from . import analysis as A
-from . import theory as TH
 from .plot_dynamics import (  # noqa: F401 (the figures of a run's path: re-exported)
     accuracy_dynamics,
     attention_dynamics,
@@ -45,6 +46,27 @@ from .plot_dynamics import (  # noqa: F401 (the figures of a run's path: re-expo
     ss_dynamics,
     token_projection,
     tracked_names,
+)
+from .plot_grid import (  # noqa: F401 (the grid helpers and overlays: re-exported)
+    TITLE_SETTINGS,
+    _auto_log,
+    _cells,
+    _edges,
+    _grid_ticks,
+    _overlay,
+    _seed_text,
+    _seeds,
+    _setup_axes,
+    _with_settings,
+    facet_slices,
+    is_grid,
+    iso_snr_overlay,
+    magen_overlay,
+    magen_step1_overlay,
+    settings_text,
+    slice_hint,
+    slice_tag,
+    slice_text,
 )
 from .plot_style import (  # noqa: F401 (ROLE_*, LABELS, plt: re-exported for notebooks)
     CORE_REGIMES,
@@ -62,149 +84,6 @@ from .plot_style import (  # noqa: F401 (ROLE_*, LABELS, plt: re-exported for no
     plt,
 )
 from .results import REGIMES
-
-# --------------------------------------------------------------------------------------------
-# Grid helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _auto_log(col: str, vals: np.ndarray) -> bool:
-    """Linear for an evenly spaced grid, log for a geometric one (>= 3 values); otherwise log
-    for a positive axis of :data:`LOG_AXES` spanning at least a factor 10."""
-    vals = np.unique(np.asarray(vals, float))
-    if len(vals) < 2 or (vals <= 0).any():
-        return False
-    if len(vals) >= 3:
-        step, r = np.diff(vals), vals[1:] / vals[:-1]
-        if np.allclose(step, step[0], rtol=0.02):
-            return False
-        if np.allclose(r, r[0], rtol=0.05) and r[0] > 1.3:
-            return True
-    return bool(col in LOG_AXES and vals.max() / vals.min() >= 10)
-
-
-def _edges(vals: np.ndarray, log: bool) -> np.ndarray:
-    """Cell edges around sorted centres (geometric midpoints on a log axis). A positive axis never
-    gets an edge at or below zero: the outer half-cells are clipped to half the extreme value."""
-    vals = np.asarray(vals, float)
-    v = np.log(vals) if log else vals
-    if len(v) == 1:
-        h = 0.1 if log else max(abs(v[0]) * 0.1, 0.5)
-        e = np.array([v[0] - h, v[0] + h])
-    else:
-        mid = (v[1:] + v[:-1]) / 2
-        e = np.concatenate([[v[0] - (mid[0] - v[0])], mid, [v[-1] + (v[-1] - mid[-1])]])
-    if log:
-        return np.exp(e)
-    if (vals > 0).all() and e[0] <= 0:
-        e[0] = vals[0] / 2
-    return e
-
-
-def slice_hint(df: pd.DataFrame, other: str, x, y) -> str:
-    """Why a figure of ``x`` and ``y`` cannot be drawn when ``other`` varies too, and the fix in
-    a sweep file's syntax (and Python's)."""
-    vals = np.sort(df[other].dropna().unique())
-    v = vals[0].item() if hasattr(vals[0], "item") else vals[0]
-    shown = ", ".join(map(str, vals[:6])) + (", ..." if len(vals) > 6 else "")
-    toml = f'"{v}"' if isinstance(v, str) else v
-    return (f"{other} varies besides {', '.join(a for a in (x, y) if a)} ({shown}); fix: draw "
-            f"one slice with where = {{ {other} = {toml} }} in the [plot] entry (where={{"
-            f"{other!r}: {v!r}}} in Python)")
-
-
-def _cells(df: pd.DataFrame, where, x=None, y=None) -> pd.DataFrame:
-    df = A.select(df, where)
-    if A.is_aggregate(df):
-        return df
-    others = A.other_axes(df, x, y)
-    if others:
-        raise ValueError(slice_hint(df, others[0], x, y))
-    return A.aggregate(df, by=[c for c in (x, y) if c is not None])
-
-
-def _seed_text(cells: pd.DataFrame) -> str:
-    k = cells["n_seeds"].to_numpy()
-    f = int(cells["n_failed"].sum()) if "n_failed" in cells.columns else 0
-    s = f"{k.min()}" if k.min() == k.max() else f"{k.min()}–{k.max()}"
-    s += " seed per cell" if k.max() == 1 else " seeds per cell"
-    return s + (f", {f} failed run{'s' if f > 1 else ''} left out" if f else "")
-
-
-def _grid_ticks(axis, vals, log):
-    """Ticks at the grid values when there are few of them, plain numbers otherwise."""
-    if len(vals) <= 10:
-        axis.set_major_locator(mticker.FixedLocator(vals))
-        axis.set_major_formatter(mticker.FuncFormatter(_num))
-        axis.set_minor_locator(mticker.NullLocator())
-    elif log:
-        _plain_log(axis)
-
-
-def _setup_axes(ax, x, y, logx, logy, xe, ye, xs=None, ys=None):
-    ax.set_xlabel(_label(x))
-    ax.set_ylabel(_label(y))
-    if logx:
-        ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
-    if xs is not None:
-        _grid_ticks(ax.xaxis, xs, logx)
-        _grid_ticks(ax.yaxis, ys, logy)
-    else:  # a refined grid: no common x values to tick, plain numbers on a log axis
-        if logx:
-            _plain_log(ax.xaxis)
-        if ys is not None:
-            _grid_ticks(ax.yaxis, ys, logy)
-    ax.set_xlim(xe[0], xe[-1])
-    ax.set_ylim(ye[0], ye[-1])
-
-
-def _overlay(ax, theory: Theory | None, xe, logx, ye):
-    """Draw ``theory`` curves ``y = f(x)`` across the map, clipped to it; the legend lists only
-    the curves that cross the map."""
-    if theory is None:
-        return
-    curves = theory if isinstance(theory, Mapping) else {"theory": theory}
-    xx = np.geomspace(xe[0], xe[-1], 400) if logx else np.linspace(xe[0], xe[-1], 400)
-    styles = ["--", ":", "-.", (0, (5, 1, 1, 1))]
-    drawn = 0
-    for i, (name, f) in enumerate(curves.items()):
-        with np.errstate(all="ignore"):
-            yy = np.asarray(f(xx), float)
-        yy = np.where((yy >= ye[0]) & (yy <= ye[-1]), yy, np.nan)
-        if np.isfinite(yy).sum() < 2:
-            continue  # outside the map: neither drawn nor in the legend
-        ax.plot(xx, yy, color="k", ls=styles[i % len(styles)], lw=1.6, label=name)
-        drawn += 1
-    ax.set_ylim(ye[0], ye[-1])
-    if drawn:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(drawn, 3),
-                  fontsize=8, frameon=False, handlelength=3)
-
-
-def iso_snr_overlay(kappas: Sequence[float] = (0.1, 4.0, 200.0), n: float = 20,
-                    sigma_eps: float = 1.0) -> dict:
-    """Theory curves for a (x = ‖μ‖, y = d) map: ``d = n ‖μ‖² / (κ σ²)`` for each κ."""
-    return {f"n·SNR² = {k:g}": (lambda x, k=k: TH.iso_snr_d(x, k, n, sigma_eps)) for k in kappas}
-
-
-def magen_overlay(c: float = 1.0, x: str = "n") -> dict:
-    """Theory curve SNR = c/√n for a (x = n, y = snr) map, or n = c²/SNR² for (x = snr, y = n);
-    for (x = d, y = n) at a fixed ‖μ‖ use :func:`magen_d_overlay`."""
-    if x == "n":
-        return {f"SNR = {c:g}/√n": lambda nn: TH.magen_boundary_snr(nn, c)}
-    return {f"SNR = {c:g}/√n": lambda s: (c / np.asarray(s, float)) ** 2}
-
-
-def magen_step1_overlay(rho: float, eta: float, acc: float = 0.95) -> dict:
-    """The step-1 closed form of single-head attention from zero init for an (x = SNR, y = n)
-    map: test accuracy ``acc`` at ``SNR = 2 Φ⁻¹(acc) / ((1 − 2η) ρ √n)``
-    (:func:`phasebo.theory.magen_step1_snr`), drawn as ``n(SNR)``."""
-    c = float(TH.magen_step1_snr(1.0, rho, eta, acc))
-    return {f"step 1: test acc {acc:g} (SNR = {c:.3g}/√n)":
-            lambda s: (c / np.asarray(s, float)) ** 2}
-
 
 # --------------------------------------------------------------------------------------------
 # Phase diagrams
@@ -274,7 +153,7 @@ def regime_map(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", ax=None,
     _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     ax.regime_categories = cats  # for tests and callers: code i <-> cats[i]
-    ax.set_title(title or f"regime ({_seed_text(cells)})", fontsize=10)
+    ax.set_title(title or _with_settings(f"regime ({_seed_text(cells)})", cells), fontsize=10)
     return fig, ax
 
 
@@ -329,25 +208,16 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     cells = {s: agg[agg["step"] == s] for s in steps}
     cats = present_regimes(np.concatenate([c["regime"].astype(str).to_numpy()
                                            for c in cells.values()]))
-    ncols = max(1, min(ncols, len(steps), 2 if len(steps) == 4 else ncols))
-    nrows = -(-len(steps) // ncols)
-    # a fixed grid, no layout engine: constrained layout measured every tick label of every
-    # panel and doubled the drawing time of the README's sweep
-    height, width = 3.5 * nrows + 0.6, 3.9 * ncols + 2.6  # 2 in on the right for the key
-    fig, axs = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
-    fig.subplots_adjust(left=0.75 / width, right=1 - 2.3 / width, bottom=0.7 / height,
-                        top=1 - 0.6 / height, wspace=0.3, hspace=0.45)
+    fig, axs, cax = _panel_grid(len(steps), ncols if len(steps) != 4 else 2)
     for ax, s in zip(axs.flat, steps):
         regime_map(cells[s], x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
                    title=f"step {s}")
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-    for ax in axs.flat[len(steps):]:
-        ax.set_visible(False)
-    regime_colorbar(fig, axs.flat[0].collections[0], cats, None,
-                    cax=fig.add_axes((1 - 2.0 / width, 0.15, 0.2 / width, 0.7)))
+    _figure_legend(fig, axs)
+    regime_colorbar(fig, axs.flat[0].collections[0], cats, None, cax=cax)
     seeds = _seed_text(next(iter(cells.values())))
-    fig.suptitle(title or f"regime at recorded steps ({seeds})", fontsize=11)
+    text = settings_text(sel, skip=(x, y, "steps"))
+    fig.suptitle(title or f"regime at recorded steps ({seeds})" + (f"\n{text}" if text else ""),
+                 fontsize=10)
     fig.regime_steps = steps  # for tests and callers
     return fig, axs
 
@@ -413,7 +283,8 @@ def range_text(lo: float, hi: float) -> str:
 def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d", ax=None,
               cmap: str | None = None, vmin=None, vmax=None, theory: Theory | None = None,
               where: Mapping | None = None, stat: str = "mean", logx: bool | None = None,
-              logy: bool | None = None, lognorm: bool | None = None, title: str | None = None):
+              logy: bool | None = None, lognorm: bool | None = None, title: str | None = None,
+              colorbar: bool = True):
     """Continuous map of ``value`` (a metric; its seed ``stat``: mean, se, min, max) over two axes.
 
     Accuracies are drawn on a fixed scale, [0.5, 1] (chance to perfect on a balanced binary task;
@@ -451,14 +322,135 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
 
     meshes, xe, ye = _row_meshes(ax, g, xs, ys, logx, logy, draw)
     what = _label(value) + ("" if stat == "mean" else f" ({stat})")
-    fig.colorbar(meshes[0], ax=ax, label=f"{what}\n(data range {range_text(lo, hi)})")
+    if colorbar:
+        fig.colorbar(meshes[0], ax=ax, label=f"{what}\n(data range {range_text(lo, hi)})")
+    ax.value_range = (lo, hi)  # for small multiples' shared colour bar
     _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     text = f"{_label(value)} ({stat} over seeds; {_seed_text(cells)})"
     if not np.isfinite(z).all():
         text += "\ngrey: no value" + (" (never happened in any seed)" if value.endswith("_step")
                                       else "")
-    ax.set_title(title or text, fontsize=10)
+    ax.set_title(title or _with_settings(text, cells), fontsize=10)
+    return fig, ax
+
+
+MAX_PANELS = 12  # more slices than this: one file per slice instead of small multiples
+
+
+def _panel_grid(n: int, ncols: int | None = None, key_width: float = 2.6):
+    """A fixed grid of ``n`` map panels with room on the right for one shared colour key (no
+    layout engine: constrained layout measured every tick label of every panel, doubling the
+    drawing time); returns ``fig, axs, cax``."""
+    ncols = ncols or (2 if n == 4 else min(n, 3))
+    ncols = max(1, min(ncols, n))
+    nrows = -(-n // ncols)
+    height, width = 3.5 * nrows + 1.2, 3.9 * ncols + key_width
+    fig, axs = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(left=0.75 / width, right=1 - (key_width - 0.3) / width,
+                        bottom=1.0 / height, top=1 - 0.9 / height, wspace=0.3, hspace=0.45)
+    for ax in axs.flat[n:]:
+        ax.set_visible(False)
+    cax = fig.add_axes((1 - (key_width - 0.6) / width, 0.15, 0.2 / width, 0.7))
+    return fig, axs, cax
+
+
+def _figure_legend(fig, axs):
+    """The panels' theory curves named once, below the grid, instead of under every panel."""
+    handles, labels = axs.flat[0].get_legend_handles_labels()
+    for ax in axs.flat:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(handles), 3), fontsize=8,
+                   frameon=False, handlelength=3)
+
+
+def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: str = "regime",
+               facets: Sequence[str] | None = None, where: Mapping | None = None,
+               theory: Theory | None = None, stat: str = "mean", cmap: str | None = None,
+               vmin=None, vmax=None, ncols: int | None = None, title: str | None = None):
+    """Small multiples: the map of ``value`` (``"regime"`` or a metric) over ``x`` and ``y``,
+    one panel per slice of the ``facets`` (default: the other axes that vary), with one shared
+    colour key (regimes) or one colour scale (metrics: the fixed scale of
+    :func:`fixed_scale`, else the range of every panel). Each panel is titled by its slice;
+    the figure's title states the seeds and the settings every panel shares. ``fig.slices``:
+    the panels' slices, in order."""
+    df = A.select(df, where)
+    facets = list(A.other_axes(df, x, y) if facets is None else facets)
+    slices = facet_slices(df, facets)
+    if len(slices) > 4 * MAX_PANELS:
+        raise ValueError(f"facet_maps: {len(slices)} slices of {', '.join(facets)}; fix: fix "
+                         "some with where= (or draw one file per slice)")
+    cells = A.aggregate(df, by=[x, y, *facets], metrics=None if value == "regime" else
+                        [value]) if not A.is_aggregate(df) else df
+    fig, axs, cax = _panel_grid(len(slices), ncols)
+    col = f"{value}_{stat}"
+    if value == "regime":
+        cats = present_regimes(cells["regime"].astype(str))
+    else:
+        fin = cells[col].to_numpy(float)
+        fin = fin[np.isfinite(fin)]
+        lo, hi = (float(fin.min()), float(fin.max())) if fin.size else (0.0, 1.0)
+        fixed = fixed_scale(value, lo)
+        vmin = (fixed[0] if fixed else lo) if vmin is None else vmin
+        vmax = (fixed[1] if fixed else hi) if vmax is None else vmax
+    for ax, w in zip(axs.flat, slices):
+        sub = A.select(cells, w)
+        if value == "regime":
+            regime_map(sub, x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
+                       title=slice_text(w))
+        else:
+            value_map(sub, value, x, y, ax=ax, theory=theory, stat=stat, cmap=cmap, vmin=vmin,
+                      vmax=vmax, colorbar=False, title=slice_text(w))
+    _figure_legend(fig, axs)
+    mesh = axs.flat[0].collections[0]
+    if value == "regime":
+        regime_colorbar(fig, mesh, cats, None, cax=cax)
+        what = "regime"
+    else:
+        what = _label(value) + ("" if stat == "mean" else f" ({stat})")
+        fig.colorbar(mesh, cax=cax, label=f"{what}\n(data range {range_text(lo, hi)})")
+        what += f" ({stat} over seeds)"
+    text = settings_text(df, skip=(x, y, *facets))
+    fig.suptitle(title or f"{what}, {_seed_text(cells)}" + (f"\n{text}" if text else ""),
+                 fontsize=10)
+    fig.slices = slices
+    return fig, axs
+
+
+def cases_figure(df: pd.DataFrame, metrics: Sequence[str] = ("train_acc", "test_acc"),
+                 cases: Sequence[str] | None = None, ax=None, title: str | None = None):
+    """The cells of a ``[[cases]]`` sweep (or any few cells) side by side: each metric's mean ±
+    SE over seeds per case, one row per case labelled by its settings and majority regime.
+    ``cases``: the columns that tell the cases apart (default: the axes that vary)."""
+    cases = list(A.cell_axes(df) if cases is None else cases)
+    cells = df if A.is_aggregate(df) else A.aggregate(df, by=cases or None,
+                                                      metrics=list(metrics))
+    fig, ax = _new(ax, (6.4, 1.2 + 0.55 * len(cells) * max(1, len(metrics) / 2)))
+    colors = ["#009E73", "#0072B2", "#D55E00", "#CC79A7", "#56B4E9"]
+    rows = np.arange(len(cells))
+    width = 0.8 / max(len(metrics), 1)
+    for i, m in enumerate(metrics):
+        mean = cells[f"{m}_mean"].to_numpy(float)
+        se = np.nan_to_num(cells[f"{m}_se"].to_numpy(float))
+        pos = rows - 0.4 + width * (i + 0.5)
+        ax.barh(pos, mean, height=width * 0.9, xerr=se, color=colors[i % len(colors)],
+                label=_label(m), capsize=2)
+    labels = []
+    for _, r in cells.iterrows():
+        w = {a: r[a] for a in cases}
+        labels.append(slice_text(w) + (f"\n{str(r['regime']).replace('_', ' ')}"
+                                       if "regime" in cells.columns else ""))
+    ax.set_yticks(rows, labels, fontsize=8)
+    ax.invert_yaxis()
+    lo = min(0.0, float(np.nanmin([cells[f"{m}_mean"].min() for m in metrics])))
+    ax.set_xlim(lo, 1.02 if all(m.endswith("_acc") for m in metrics) else None)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.06), ncol=2,
+              frameon=False)
+    text = settings_text(df, skip=cases)
+    ax.set_title(title or f"mean ± SE, {_seed_text(cells)}" + (f"\n{text}" if text else ""),
+                 fontsize=10)
     return fig, ax
 
 
@@ -496,8 +488,9 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     if any(ax.get_legend_handles_labels()[1]):
         ax.legend(fontsize=7)
     k = cells["n_seeds"]
-    ax.set_title(title or f"{_label(value)}: mean ± SE over {k.min()}"
-                 f"{'' if k.min() == k.max() else f'–{k.max()}'} seeds", fontsize=10)
+    text = settings_text(runs, skip=(x, *hue))
+    ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
+                 + (f"\n{text}" if text else ""), fontsize=10)
     return fig, ax
 
 
@@ -507,12 +500,16 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
 
 
 def save(fig, path: Path, formats: Sequence[str] = ("png",), dpi: int = 150) -> list[Path]:
-    """Save ``fig`` as ``path`` with each suffix in ``formats`` (png, pdf, svg); closes it."""
+    """Save ``fig`` as ``path`` with each suffix in ``formats`` (png, pdf, svg); closes it.
+    ``path`` is a stem (a slice's ``r0.1`` is part of the name, not a suffix to replace); a
+    trailing ``.png`` / ``.pdf`` / ``.svg`` is dropped first."""
     path = Path(path)
+    if path.suffix in (".png", ".pdf", ".svg"):
+        path = path.with_suffix("")
     path.parent.mkdir(parents=True, exist_ok=True)
     out = []
     for f in formats:
-        p = path.with_suffix(f".{f}")
+        p = path.with_name(f"{path.name}.{f}")
         fig.savefig(p, dpi=dpi)
         out.append(p)
     plt.close(fig)
@@ -553,17 +550,24 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
 def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: str | None = None):
     """The regime map of ``runs`` (refined grids drawn row by row) with the boundaries ``b``,
     their power-law fit and the theory's exponent on top."""
-    from .boundaries import fit_power_law, theory_exponent
+    from .boundaries import power_law_row
 
     fig, ax = regime_map(runs, x, y, title=title)
+    row = power_law_row(b, x, y)
     fit = th = None
-    try:
-        fit = fit_power_law(b, y)
-        t = theory_exponent(x, y)
-        th = fit_power_law(b, y, exponent=t[0]) if t else None
-    except ValueError:
-        pass
+    if row["status"] != "too_few_slices":
+        fit = {k: row[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof")}
+        if np.isfinite(row["theory_exponent"]):
+            th = {"exponent": row["theory_exponent"], "prefactor": row["theory_prefactor"]}
     boundary_overlay(ax, b, x, y, fit, th)
+    note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (fewer "
+                              "than 3)",
+            "scattered": f"scattered: χ²/dof {row['chi2_dof']:.1f}, one power law does not "
+                         "describe this boundary"}.get(row["status"])
+    if note:
+        ax.text(0.02, 0.02, note, transform=ax.transAxes, fontsize=7, va="bottom",
+                bbox={"facecolor": "white", "alpha": 0.85, "lw": 0})
+    fig.boundary_fit = row  # for tests and callers
     return fig
 
 

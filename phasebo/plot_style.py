@@ -32,7 +32,17 @@ LABELS = {
     "frac_noisy_fitted": "fraction of flipped samples fitted (at some step)",
     "noisy_fit_step": "step all flipped samples fitted", "T": "T (tokens)",
     "query_lambda": "λ (memorised noise in the query)", "weight_decay": "weight decay λ",
+    "train_acc_clean": "train accuracy, clean samples",
+    "train_acc_noisy": "train accuracy, flipped samples", "all_fit_step": "step all samples fitted",
+    "mean_noisy_fit_step": "mean step a flipped sample is fitted", "margin": "margin",
+    "cls_max_attn": "max CLS attention", "cls_max_attn_noisy": "max CLS attention, flipped",
+    "cls_max_attn_clean": "max CLS attention, clean", "p_norm": "‖p‖", "q_norm": "‖q‖",
+    "p_align_e1": "cos(p, e₁)", "p_align_e2": "cos(p, e₂)", "diverge_step": "step diverged",
+    "first_benign_step": "first benign step", "dip_test_acc": "lowest test accuracy after fit",
+    "dip_step": "step of the test-accuracy dip", "recovery_step": "step test accuracy recovered",
+    "rho": "ρ (weak-token signal)", "sigma_eps": "σ (noise scale)", "n_test": "test samples",
 }
+ROLE_WORDS = {"rel": "relevant", "weak": "weak", "weak_opp": "weak opposite", "irr": "irrelevant"}
 LOG_AXES = {"d", "n", "snr", "n_snr2", "lr", "n_test", "signal_norm", "weight_decay"}
 BOUNDED = ("_acc", "frac_")
 
@@ -40,7 +50,16 @@ Theory = Callable[[np.ndarray], np.ndarray] | Mapping[str, Callable[[np.ndarray]
 
 
 def _label(col: str) -> str:
-    return LABELS.get(col, col.replace("_", " "))
+    """An axis label: the known name of a column, the token role and sample group of a
+    ``mass_`` / ``ss_`` / ``cumS_`` column, else the column name in words."""
+    if col in LABELS:
+        return LABELS[col]
+    for pre, what in (("mass_", "attention mass"), ("ss_", "s(1 − s)"), ("cumS_", "cumulative 𝔖")):
+        if col.startswith(pre):
+            group, _, rest = col[len(pre):].partition("_")
+            group = {"clean": "clean", "noisy": "flipped"}.get(group, group)
+            return f"{what}, {group} samples, {ROLE_WORDS.get(rest, rest.replace('_', ' '))}"
+    return col.replace("_", " ")
 
 
 def _new(ax, figsize=(6.4, 5.0)):

@@ -119,47 +119,132 @@ def default_theory(df: pd.DataFrame, x: str, y: str) -> dict | None:
     return None
 
 
-def _map(df, h: Mapping):
+def _map(df, h: Mapping, ax=None):
     P = _plot()
     x, y, value = h["x"], h["y"], h.get("value", "regime")
     where = h.get("where")
     theory = default_theory(A.select(df, where), x, y)
     if value == "regime":
-        return P.regime_map(df, x, y, theory=theory, where=where)
+        return P.regime_map(df, x, y, theory=theory, where=where, ax=ax)
     return P.value_map(df, value, x, y, theory=theory, where=where, cmap=h.get("cmap"),
-                     vmin=h.get("vmin"), vmax=h.get("vmax"), stat=h.get("stat", "mean"))
+                       vmin=h.get("vmin"), vmax=h.get("vmax"), stat=h.get("stat", "mean"),
+                       ax=ax)
+
+
+def map_figures(df, h: Mapping, name: str) -> list[tuple[object, str]]:
+    """The figures of one map entry ``h`` as ``(fig, file stem)``: one map when only its two
+    axes vary (after ``where``); small multiples, one panel per slice of the other varying axes,
+    when there are at most :data:`phasebo.plot.MAX_PANELS` slices (``<name>_by_<axes>``); one
+    file per slice beyond that (``<name>_<axis><value>...``). ``name`` already names ``where``."""
+    P = _plot()
+    x, y = h["x"], h["y"]
+    where = h.get("where") or {}
+    sel = A.select(df, where)
+    others = A.other_axes(sel, x, y)
+    if not others:
+        return [(_map(df, h)[0], name)]
+    slices = P.facet_slices(sel, others)
+    if len(slices) <= P.MAX_PANELS:
+        value = h.get("value", "regime")
+        fig, _ = P.facet_maps(sel, x, y, value, facets=others,
+                              theory=default_theory(sel, x, y), stat=h.get("stat", "mean"),
+                              cmap=h.get("cmap"), vmin=h.get("vmin"), vmax=h.get("vmax"))
+        return [(fig, f"{name}_by_{'_'.join(others)}")]
+    out = []
+    for w in slices:
+        fig, ax = _map(df, {**h, "where": {**where, **w}})
+        ax.set_title(f"{P.slice_text(w)} — {ax.get_title()}", fontsize=9)
+        out.append((fig, f"{name}_{P.slice_tag(w)}"))
+    return out
+
+
+def varying(df: pd.DataFrame, where=None) -> list[str]:
+    """The cell axes of ``df`` (after ``where``), longest first, engine and model last."""
+    sel = A.select(df, where)
+    axes = sorted(A.cell_axes(sel), key=lambda a: -sel[a].nunique())
+    return [a for a in axes if a not in ("engine", "model")] or axes
+
+
+def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
+    """A ``[plot]`` entry whose axes no longer vary (fixed by ``--set``) draws the axes that do:
+    ``(kind, entry)``, said on stderr; ``None`` when nothing varies."""
+    need = ("x", "y") if kind == "heatmap" else ("x",)
+    axes = varying(df, h.get("where"))
+    if all(h[k] in axes for k in need):
+        return kind, h
+    fixed = [f"{h[k]} = {df[h[k]].iloc[0]}" for k in need if h[k] in df.columns
+             and h[k] not in axes]
+    value = h.get("value", "regime" if kind == "heatmap" else "test_acc")
+    if len(axes) >= 2 and kind == "heatmap":
+        x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
+        new = {**h, "x": x, "y": y}
+    elif axes and (kind == "line" or value != "regime"):
+        new, kind = {"x": axes[0], "value": "test_acc" if value == "regime" else value,
+                     "where": h.get("where")}, "line"
+    else:
+        print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} in this run "
+              "and no other axis varies; nothing to draw", file=sys.stderr)
+        return None
+    what = f"{new['y']} vs {new['x']}" if kind == "heatmap" else f"against {new['x']}"
+    print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} in this run, so "
+          f"it is drawn {what}", file=sys.stderr)
+    return kind, new
+
+
+def _stem(kind: str, h: Mapping, used: set) -> str:
+    """A figure's file stem, naming its value, axes, ``where`` slice and non-default ``stat``;
+    a second entry that would reuse a stem gets ``_2``, ``_3`` (never overwritten)."""
+    P = _plot()
+    value = h.get("value", "regime" if kind == "heatmap" else "test_acc")
+    stem = (f"heatmap_{value}_{h['y']}_vs_{h['x']}" if kind == "heatmap"
+            else f"line_{value}_vs_{h['x']}")
+    if h.get("stat", "mean") != "mean":
+        stem += f"_{h['stat']}"
+    if h.get("where"):
+        stem += f"_{P.slice_tag(h['where'])}"
+    base, k = stem, 2
+    while stem in used:
+        stem, k = f"{base}_{k}", k + 1
+    used.add(stem)
+    return stem
 
 
 def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=150) -> list[Path]:
     """Draw the figures a sweep asks for (``[plot]``) or the defaults (:func:`wanted_figures`):
-    ``heatmap_<value>_<y>_vs_<x>.<format>``, ``line_<value>_vs_<x>.<format>``. A figure whose other
-    axes leave several cells per point (and no ``where``) is skipped with a message."""
+    ``heatmap_<value>_<y>_vs_<x>[_<stat>][_<where slice>]`` and ``line_<value>_vs_<x>...``. A map
+    whose other axes vary becomes small multiples (or one file per slice,
+    :func:`map_figures`); an entry whose axes were fixed by ``--set`` draws the axes that vary;
+    the cells of a ``[[cases]]`` sweep get :func:`phasebo.plot.cases_figure`, never a map."""
     P = _plot()
     out_dir = Path(out_dir)
     formats = tuple(spec.plot.get("formats", formats))
     dpi = int(spec.plot.get("dpi", dpi))
     heat, lines = wanted_figures(spec)
-    paths = []
-    for h in heat:
-        try:
-            fig, _ = _map(df, h)
-        except ValueError as e:
-            print(f"phasebo.plot: skipped heatmap {h.get('value', 'regime')}: {e}",
-                  file=sys.stderr)
+    paths, used = [], set()
+    if spec.cases and not heat and not lines and len(df) > 0:
+        fig, _ = P.cases_figure(df)
+        paths += P.save(fig, out_dir / "cases", formats, dpi)
+    todo = [("heatmap", h) for h in heat] + [("line", h) for h in lines]
+    for i, (kind, h) in enumerate(todo):
+        got = _retarget(df, h, kind, i if kind == "heatmap" else i - len(heat))
+        if got is None:
             continue
-        name = f"heatmap_{h.get('value', 'regime')}_{h['y']}_vs_{h['x']}"
-        paths += P.save(fig, out_dir / name, formats, dpi)
-        if h.get("value", "regime") == "regime":
+        kind, h = got
+        value = h.get("value", "regime" if kind == "heatmap" else "test_acc")
+        stem = _stem(kind, h, used)
+        try:
+            if kind == "heatmap":
+                figs = map_figures(df, h, stem)
+            else:
+                figs = [(P.line_plot(df, h["x"], value, hue=h.get("hue"),
+                                     where=h.get("where"))[0], stem)]
+        except ValueError as e:
+            print(f"phasebo.plot: skipped {kind} {value}: {e}", file=sys.stderr)
+            continue
+        for fig, name in figs:
+            paths += P.save(fig, out_dir / name, formats, dpi)
+        if kind == "heatmap" and value == "regime":
             paths += _regime_steps_figure(df, h, out_dir, formats, dpi)
-    for h in lines:
-        try:
-            fig, _ = P.line_plot(df, h["x"], h.get("value", "test_acc"), hue=h.get("hue"),
-                               where=h.get("where"))
-        except ValueError as e:
-            print(f"phasebo.plot: skipped line plot {h.get('value')}: {e}", file=sys.stderr)
-            continue
-        paths += P.save(fig, out_dir / f"line_{h.get('value', 'test_acc')}_vs_{h['x']}", formats,
-                      dpi)
     return paths
 
 
@@ -172,8 +257,18 @@ def _regime_steps_figure(df, h: Mapping, out_dir: Path, formats, dpi) -> list[Pa
     dyn = A.load(out_dir, "dynamics")
     if dyn["step"].nunique() < 2:
         return []
-    fig, _ = P.regime_maps_over_time(dyn, h["x"], h["y"], where=h.get("where"))
-    return P.save(fig, out_dir / f"heatmap_regime_over_steps_{h['y']}_vs_{h['x']}", formats, dpi)
+    where = h.get("where") or {}
+    others = A.other_axes(A.select(dyn, where), h["x"], h["y"], "step")
+    tag = f"_{P.slice_tag(where)}" if where else ""
+    paths = []
+    for w in P.facet_slices(A.select(dyn, where), others):
+        fig, _ = P.regime_maps_over_time(dyn, h["x"], h["y"], where={**where, **w})
+        if w:
+            fig.suptitle(f"{P.slice_text(w)} — {fig._suptitle.get_text()}", fontsize=10)
+        stem = f"heatmap_regime_over_steps_{h['y']}_vs_{h['x']}{tag}" + (
+            f"_{P.slice_tag(w)}" if w else "")
+        paths += P.save(fig, out_dir / stem, formats, dpi)
+    return paths
 
 
 def pq_columns(path: Path) -> list[str]:
@@ -220,29 +315,39 @@ def step_figures(results_dir, step, out_dir=None, formats=("png",), dpi=150) -> 
 
 
 def _maps_or_lines(df, axes, out: Path, formats, dpi, step=None) -> list[Path]:
-    """The maps of :data:`MAP_VALUES` over the two longest ``axes`` (the others at their first
-    value), or line plots over the one axis; ``step``: titles and names say the step."""
+    """The maps of :data:`MAP_VALUES` over the two longest ``axes`` (small multiples over the
+    others, :func:`map_figures`), the cases figure when the cells do not tile a map (a
+    ``[[cases]]`` sweep), or line plots over the one axis; ``step``: titles and names say the
+    step."""
     P = _plot()
     tag = f"_step{step}" if step is not None else ""
     paths: list[Path] = []
 
-    def saved(fig, ax, name):
+    def saved(fig, name):
         if step is not None:
-            ax.set_title(f"{ax.get_title()} — step {step}", fontsize=10)
+            sup = getattr(fig, "_suptitle", None)
+            if sup is not None:
+                sup.set_text(f"{sup.get_text()} — step {step}")
+            else:
+                ax = fig.axes[0]
+                ax.set_title(f"{ax.get_title()} — step {step}", fontsize=10)
         return P.save(fig, out / f"{name}{tag}", formats, dpi)
 
     if len(axes) >= 2:
         x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
-        where = {a: df[a].iloc[0] for a in axes if a not in (x, y)} or None
+        if not P.is_grid(df, x, y):
+            metrics = [m for m in ("train_acc", "test_acc", "frac_noisy_fitted")
+                       if m in df.columns]
+            return saved(P.cases_figure(df, metrics, cases=axes)[0], "cases")
         for v in MAP_VALUES:
             if v != "regime" and v not in df.columns:
                 continue
-            fig, ax = _map(df, {"x": x, "y": y, "value": v, "where": where})
-            paths += saved(fig, ax, f"map_{v}_{y}_vs_{x}")
+            for fig, name in map_figures(df, {"x": x, "y": y, "value": v}, f"map_{v}_{y}_vs_{x}"):
+                paths += saved(fig, name)
     elif len(axes) == 1:
         for v in ("test_acc", "train_acc", "test_loss"):
             fig, ax = P.line_plot(df, axes[0], v)
-            paths += saved(fig, ax, f"line_{v}_vs_{axes[0]}")
+            paths += saved(fig, f"line_{v}_vs_{axes[0]}")
     return paths
 
 
@@ -264,40 +369,53 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
         fig, _ = P.s_ratio_curves(runs)
         paths += P.save(fig, out / "s_ratio_curves", formats, dpi)
     smp_path = results_dir / "samples.parquet"
-    reps = representative_cells(runs, axes[:2] if len(axes) <= 2 else axes)
+    n_cells = len(runs.drop_duplicates(axes)) if axes else 1
+    if 1 < n_cells <= 6:  # few cells (a [[cases]] sweep): every one, never one per regime
+        cells = A.aggregate(runs, by=axes, metrics=["test_acc"])
+        reps = [(f"{c['regime']}_{P.slice_tag(w)}", str(c["regime"]), w)
+                for _, c in cells.iterrows() for w in [{a: c[a] for a in axes}]]
+    else:
+        reps = [(r, r, w) for r, w in
+                representative_cells(runs, axes[:2] if len(axes) <= 2 else axes)]
     if smp_path.exists() and "sel_e1" in pd.read_parquet(smp_path).columns:  # constructed_query sweeps
         smp = A.load_samples(results_dir)
-        for r, w in reps:
+        for name, r, w in reps:
             one = A.select(smp, {**w, "seed": 0})
             rr = A.select(runs, {**w, "seed": 0}).iloc[0]
             title = (", ".join(f"{P._short(a)}={P._num(v)}" for a, v in w.items()) + " — " if w
                      else "") + f"train {rr['train_acc']:.2f} / test {rr['test_acc']:.2f} ({r})"
             fig, _ = P.token_projection(one, title=title)
-            paths += P.save(fig, out / f"token_projection_{r}", formats, dpi)
+            paths += P.save(fig, out / f"token_projection_{name}", formats, dpi)
     if (results_dir / "dynamics.parquet").exists():
         dyn = A.load_dynamics(results_dir)
-        for r, w in reps:
+        for name, r, w in reps:
             sub = A.select(dyn, w)
             label = ", ".join(f"{P._short(a)}={P._num(v)}" for a, v in w.items())
             if any(c.startswith("attn_clean_t") for c in sub.columns):
                 fig, _ = P.attention_dynamics(sub, title=f"{r}: {label}" if label else r)
-                paths += P.save(fig, out / f"attention_{r}", formats, dpi)
+                paths += P.save(fig, out / f"attention_{name}", formats, dpi)
             if any(c.startswith("logit_clean_t") for c in sub.columns):
                 fig, _ = P.gap_dynamics(sub)
-                paths += P.save(fig, out / f"gaps_{r}", formats, dpi)
+                paths += P.save(fig, out / f"gaps_{name}", formats, dpi)
             if "ss_clean_pos" in sub.columns:
                 fig, _ = P.ss_dynamics(sub)
-                paths += P.save(fig, out / f"ss_{r}", formats, dpi)
+                paths += P.save(fig, out / f"ss_{name}", formats, dpi)
         if len(axes) >= 2 and "regime" in dyn.columns and dyn["step"].nunique() > 1:
             x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0],
                                                                                    axes[1])
-            where = {a: runs[a].iloc[0] for a in axes if a not in (x, y)} or None
-            fig, _ = P.regime_maps_over_time(dyn, x, y, where=where)
-            paths += P.save(fig, out / f"map_regime_over_steps_{y}_vs_{x}", formats, dpi)
-        keys = [a for a in axes if a in dyn.columns][:3]
-        n_cells = len(runs.drop_duplicates(keys)) if keys else 1
+            if P.is_grid(runs, x, y):
+                for w in P.facet_slices(runs, [a for a in axes if a not in (x, y)]):
+                    fig, _ = P.regime_maps_over_time(dyn, x, y, where=w or None)
+                    if w:
+                        fig.suptitle(f"{P.slice_text(w)} — {fig._suptitle.get_text()}",
+                                     fontsize=10)
+                    paths += P.save(fig, out / (f"map_regime_over_steps_{y}_vs_{x}" + (
+                        f"_{P.slice_tag(w)}" if w else "")), formats, dpi)
+        keys = [a for a in axes if a in dyn.columns]
         # every cell when there are few (a line per case or per value), else one per regime
-        sel = pd.concat([A.select(dyn, w) for _, w in reps]) if keys and n_cells > 6 else dyn
+        sel = pd.concat([A.select(dyn, w) for *_, w in reps]) if keys and n_cells > 6 else dyn
+        if n_cells > 6:
+            keys = keys[:3]
         fig, _ = P.accuracy_dynamics(sel, hue=keys or None)
         paths += P.save(fig, out / "accuracy_dynamics", formats, dpi)
     return paths

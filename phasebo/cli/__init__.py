@@ -155,7 +155,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     import pandas as pd
 
     from ..analysis import load
-    from ..boundaries import boundaries, summary
+    from ..boundaries import boundaries, power_law_row, summary
     from ..settings import ConfigError
 
     p = argparse.ArgumentParser(prog=prog or "phasebo boundaries",
@@ -205,6 +205,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     with pd.option_context("display.width", 120, "display.max_rows", 400):
         print(b[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(summary(b, args.x, args.y))
+    if "step" not in b.columns:  # the fit and its verdict (ok, scattered, too_few_slices)
+        pd.DataFrame([power_law_row(b, args.x, args.y)]).to_csv(out / f"{stem}_fit.csv",
+                                                               index=False)
     if not args.no_plots:
         from ..plot import boundary_figure, boundary_trajectory, save
 
@@ -219,7 +222,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
                          f"boundary_{between[0]}_{between[1]}{when}"))
         for fig, fname in figs:
             print("figure: " + ", ".join(map(str, save(fig, out / fname, formats))))
-    print(f"table: {out / (stem + '.csv')}")
+    print(f"table: {out / (stem + '.csv')}"
+          + ("" if "step" in b.columns else f"; fit: {out / (stem + '_fit.csv')}"))
     return 0
 
 

@@ -1,0 +1,243 @@
+"""The grid under every map: axis scales and cell edges, ticks, the cells of a slice (refused
+when another axis varies, or when the cells do not tile a map), the words of titles and file
+names (seeds, fixed settings, slices), and the theory curves drawn across a map."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.ticker as mticker
+import numpy as np
+import pandas as pd
+
+from . import analysis as A
+from . import theory as TH
+from .plot_style import LOG_AXES, Theory, _label, _num, _plain_log, _short
+
+
+def _auto_log(col: str, vals: np.ndarray) -> bool:
+    """Linear for an evenly spaced grid, log for a geometric one (>= 3 values); otherwise log
+    for a positive axis of :data:`LOG_AXES` spanning at least a factor 10."""
+    vals = np.unique(np.asarray(vals, float))
+    if len(vals) < 2 or (vals <= 0).any():
+        return False
+    if len(vals) >= 3:
+        step, r = np.diff(vals), vals[1:] / vals[:-1]
+        if np.allclose(step, step[0], rtol=0.02):
+            return False
+        if np.allclose(r, r[0], rtol=0.05) and r[0] > 1.3:
+            return True
+    return bool(col in LOG_AXES and vals.max() / vals.min() >= 10)
+
+
+def _edges(vals: np.ndarray, log: bool) -> np.ndarray:
+    """Cell edges around sorted centres (geometric midpoints on a log axis). A positive axis never
+    gets an edge at or below zero: the outer half-cells are clipped to half the extreme value."""
+    vals = np.asarray(vals, float)
+    v = np.log(vals) if log else vals
+    if len(v) == 1:
+        h = 0.1 if log else max(abs(v[0]) * 0.1, 0.5)
+        e = np.array([v[0] - h, v[0] + h])
+    else:
+        mid = (v[1:] + v[:-1]) / 2
+        e = np.concatenate([[v[0] - (mid[0] - v[0])], mid, [v[-1] + (v[-1] - mid[-1])]])
+    if log:
+        return np.exp(e)
+    if (vals > 0).all() and e[0] <= 0:
+        e[0] = vals[0] / 2
+    return e
+
+
+def slice_hint(df: pd.DataFrame, other: str, x, y) -> str:
+    """Why a figure of ``x`` and ``y`` cannot be drawn when ``other`` varies too, and the fix in
+    a sweep file's syntax (and Python's)."""
+    vals = np.sort(df[other].dropna().unique())
+    v = vals[0].item() if hasattr(vals[0], "item") else vals[0]
+    shown = ", ".join(map(str, vals[:6])) + (", ..." if len(vals) > 6 else "")
+    toml = f'"{v}"' if isinstance(v, str) else v
+    return (f"{other} varies besides {', '.join(a for a in (x, y) if a)} ({shown}); fix: draw "
+            f"one slice with where = {{ {other} = {toml} }} in the [plot] entry (where={{"
+            f"{other!r}: {v!r}}} in Python)")
+
+
+def _cells(df: pd.DataFrame, where, x=None, y=None) -> pd.DataFrame:
+    df = A.select(df, where)
+    text = settings_text(df, skip=(x, y))
+    if A.is_aggregate(df):
+        df = df.copy()
+        df.attrs["settings"] = text
+        return df
+    others = A.other_axes(df, x, y)
+    if others:
+        raise ValueError(slice_hint(df, others[0], x, y))
+    cells = A.aggregate(df, by=[c for c in (x, y) if c is not None])
+    if x is not None and y is not None and not is_grid(cells, x, y):
+        raise ValueError(f"only {len(cells)} ({x}, {y}) cells were run, one per row of the "
+                         f"{cells[x].nunique()} x {cells[y].nunique()} grid (a [[cases]] sweep): "
+                         "a map would colour cells that never ran; fix: draw the cases "
+                         "(phasebo.plot.cases_figure) or their dynamics")
+    cells.attrs["settings"] = text
+    return cells
+
+
+def _with_settings(title: str, cells: pd.DataFrame) -> str:
+    text = cells.attrs.get("settings", "")
+    return f"{title}\n{text}" if text else title
+
+
+def _seed_text(cells: pd.DataFrame) -> str:
+    k = cells["n_seeds"].to_numpy()
+    f = int(cells["n_failed"].sum()) if "n_failed" in cells.columns else 0
+    s = _seeds(int(k.min()), int(k.max())) + " per cell"
+    return s + (f", {f} failed run{'s' if f > 1 else ''} left out" if f else "")
+
+
+def _seeds(k_min: int, k_max: int) -> str:
+    """``1 seed``, ``3 seeds``, ``3–5 seeds``."""
+    return (f"{k_min}" if k_min == k_max else f"{k_min}–{k_max}") + (" seed" if k_max == 1
+                                                                      else " seeds")
+
+
+TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "lr", "steps", "d", "signal_norm")
+
+
+def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
+    """The settings that one value holds across ``df`` (model, trained parameters, n, T, r, lr,
+    steps, and d or ‖μ‖ when fixed), for a title: ``prompt_attention (p), n 20, T 8, r 0.2,
+    lr 0.005, 1000 steps``."""
+    def one(c):
+        if c not in df.columns or c in skip or df[c].nunique(dropna=False) != 1:
+            return None
+        v = df[c].iloc[0]
+        return v.item() if hasattr(v, "item") else v
+
+    parts = []
+    model, train = one("model"), one("train")
+    if model is not None:
+        parts.append(f"{model}" + (f" ({train})" if isinstance(train, str) and train else ""))
+    for c in TITLE_SETTINGS[2:]:
+        v = one(c)
+        if v is None or isinstance(v, str):
+            continue
+        parts.append(f"{_num(v)} steps" if c == "steps" else f"{_short(c)} {_num(v)}")
+    return ", ".join(parts)
+
+
+def slice_text(where: Mapping | None) -> str:
+    """``r = 0.1, n = 20``: a slice in a title."""
+    return ", ".join(f"{_short(a)} = {_num(v) if isinstance(v, (int, float, np.number)) else v}"
+                     for a, v in (where or {}).items())
+
+
+def slice_tag(where: Mapping | None) -> str:
+    """``noise_ratio0.1_n20``: a slice in a file name (letters, digits, ``.``, ``-``, ``_``)."""
+    import re
+
+    def text(v):
+        return _num(v) if isinstance(v, (int, float, np.number)) else str(v)
+
+    return "_".join(re.sub(r"[^A-Za-z0-9._\-]+", "-", f"{a}{text(v)}")
+                    for a, v in (where or {}).items())
+
+
+def facet_slices(df: pd.DataFrame, facets: Sequence[str]) -> list[dict]:
+    """The combinations of the ``facets`` columns present in ``df``, in sorted order."""
+    if not facets:
+        return [{}]
+    combos = df[list(facets)].drop_duplicates().sort_values(list(facets))
+    return [{a: (v.item() if hasattr(v, "item") else v) for a, v in zip(facets, row)}
+            for row in combos.itertuples(index=False)]
+
+
+def is_grid(cells: pd.DataFrame, x: str, y: str) -> bool:
+    """Whether the ``(x, y)`` cells that were run tile a map: every pair of the grid, or every
+    row with at least two ``x`` values (a refined grid, whose rows hold their own values). The
+    cells of a ``[[cases]]`` sweep (one per row) do not: a map would colour cells never run."""
+    pairs = cells[[x, y]].drop_duplicates()
+    full = len(pairs) == cells[x].nunique() * cells[y].nunique()
+    return bool(full or pairs.groupby(y)[x].nunique().min() >= 2)
+
+
+def _grid_ticks(axis, vals, log):
+    """Ticks at the grid values when there are few of them, plain numbers otherwise."""
+    if len(vals) <= 10:
+        vals = np.asarray(vals, float)
+        if log and len(vals) > 2:  # labels closer than a tenth of the span collide (80, 100)
+            u, keep = np.log(vals), [0]
+            gap = (u[-1] - u[0]) / 10
+            for i in range(1, len(u)):
+                if u[i] - u[keep[-1]] >= gap:
+                    keep.append(i)
+            if keep[-1] != len(u) - 1:
+                keep[-1] = len(u) - 1
+            vals = vals[keep]
+        axis.set_major_locator(mticker.FixedLocator(vals))
+        axis.set_major_formatter(mticker.FuncFormatter(_num))
+        axis.set_minor_locator(mticker.NullLocator())
+    elif log:
+        _plain_log(axis)
+
+
+def _setup_axes(ax, x, y, logx, logy, xe, ye, xs=None, ys=None):
+    ax.set_xlabel(_label(x))
+    ax.set_ylabel(_label(y))
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    if xs is not None:
+        _grid_ticks(ax.xaxis, xs, logx)
+        _grid_ticks(ax.yaxis, ys, logy)
+    else:  # a refined grid: no common x values to tick, plain numbers on a log axis
+        if logx:
+            _plain_log(ax.xaxis)
+        if ys is not None:
+            _grid_ticks(ax.yaxis, ys, logy)
+    ax.set_xlim(xe[0], xe[-1])
+    ax.set_ylim(ye[0], ye[-1])
+
+
+def _overlay(ax, theory: Theory | None, xe, logx, ye):
+    """Draw ``theory`` curves ``y = f(x)`` across the map, clipped to it; the legend lists only
+    the curves that cross the map."""
+    if theory is None:
+        return
+    curves = theory if isinstance(theory, Mapping) else {"theory": theory}
+    xx = np.geomspace(xe[0], xe[-1], 400) if logx else np.linspace(xe[0], xe[-1], 400)
+    styles = ["--", ":", "-.", (0, (5, 1, 1, 1))]
+    drawn = 0
+    for i, (name, f) in enumerate(curves.items()):
+        with np.errstate(all="ignore"):
+            yy = np.asarray(f(xx), float)
+        yy = np.where((yy >= ye[0]) & (yy <= ye[-1]), yy, np.nan)
+        if np.isfinite(yy).sum() < 2:
+            continue  # outside the map: neither drawn nor in the legend
+        ax.plot(xx, yy, color="k", ls=styles[i % len(styles)], lw=1.6, label=name)
+        drawn += 1
+    ax.set_ylim(ye[0], ye[-1])
+    if drawn:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(drawn, 3),
+                  fontsize=8, frameon=False, handlelength=3)
+
+
+def iso_snr_overlay(kappas: Sequence[float] = (0.1, 4.0, 200.0), n: float = 20,
+                    sigma_eps: float = 1.0) -> dict:
+    """Theory curves for a (x = ‖μ‖, y = d) map: ``d = n ‖μ‖² / (κ σ²)`` for each κ."""
+    return {f"n·SNR² = {k:g}": (lambda x, k=k: TH.iso_snr_d(x, k, n, sigma_eps)) for k in kappas}
+
+
+def magen_overlay(c: float = 1.0, x: str = "n") -> dict:
+    """Theory curve SNR = c/√n for a (x = n, y = snr) map, or n = c²/SNR² for (x = snr, y = n);
+    for (x = d, y = n) at a fixed ‖μ‖ use :func:`magen_d_overlay`."""
+    if x == "n":
+        return {f"SNR = {c:g}/√n": lambda nn: TH.magen_boundary_snr(nn, c)}
+    return {f"SNR = {c:g}/√n": lambda s: (c / np.asarray(s, float)) ** 2}
+
+
+def magen_step1_overlay(rho: float, eta: float, acc: float = 0.95) -> dict:
+    """The step-1 closed form of single-head attention from zero init for an (x = SNR, y = n)
+    map: test accuracy ``acc`` at ``SNR = 2 Φ⁻¹(acc) / ((1 − 2η) ρ √n)``
+    (:func:`phasebo.theory.magen_step1_snr`), drawn as ``n(SNR)``."""
+    c = float(TH.magen_step1_snr(1.0, rho, eta, acc))
+    return {f"step 1: test acc {acc:g} (SNR = {c:.3g}/√n)":
+            lambda s: (c / np.asarray(s, float)) ** 2}

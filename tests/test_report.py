@@ -1,0 +1,186 @@
+"""Which figures a sweep gets (phasebo.report): small multiples instead of skipped maps, one file
+per ``where`` slice, the axes that vary when a plot axis was fixed, no map for a ``[[cases]]``
+sweep, and boundaries that say when their fit means nothing."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import phasebo as pb
+from phasebo import analysis as A
+from phasebo import plot as P
+from phasebo import report as R
+from phasebo.sweep import run_sweep
+
+BASE = {"n": 12, "n_test": 64, "T": 6, "d": 48, "steps": 30, "lr": 0.05, "record_log": 6}
+
+
+@pytest.fixture(scope="module")
+def three_axes(tmp_path_factory):
+    """(signal_norm, noise_ratio) maps at two step sizes: a third axis; two ``where`` entries."""
+    out = tmp_path_factory.mktemp("report") / "three"
+    plot = {"heatmaps": [{"x": "signal_norm", "y": "noise_ratio", "value": "regime"},
+                         {"x": "signal_norm", "y": "noise_ratio", "value": "test_acc",
+                          "where": {"lr": 0.05}},
+                         {"x": "signal_norm", "y": "noise_ratio", "value": "test_acc",
+                          "where": {"lr": 0.1}}]}
+    base = {k: v for k, v in BASE.items() if k != "lr"}
+    spec = pb.spec_from_dict(base, {"signal_norm": [1.0, 3.0, 9.0], "noise_ratio": [0.1, 0.4],
+                                    "lr": [0.05, 0.1]}, seeds=2, name="three", plot=plot)
+    run_sweep(spec, out, quiet=True)
+    return out
+
+
+def test_a_third_axis_is_drawn_as_small_multiples_with_one_key(three_axes):
+    names = {p.name for p in three_axes.glob("heatmap_*.png")}
+    assert "heatmap_regime_noise_ratio_vs_signal_norm_by_lr.png" in names
+    runs = pb.load(three_axes)
+    fig, axs = P.facet_maps(runs, "signal_norm", "noise_ratio")
+    assert fig.slices == [{"lr": 0.05}, {"lr": 0.1}]
+    assert [ax.get_title() for ax in axs.flat[:2]] == ["lr = 0.05", "lr = 0.1"]
+    for ax, w in zip(axs.flat, fig.slices):  # each panel is its slice's own map
+        expect = A.pivot(A.aggregate(A.select(runs, w), by=["signal_norm", "noise_ratio"]),
+                         "signal_norm", "noise_ratio", "regime")
+        codes = np.asarray(ax.collections[0].get_array()).reshape(expect.shape).astype(int)
+        got = np.array(ax.regime_categories, dtype=object)[codes]
+        assert (got == expect.to_numpy().astype(str)).all()
+    assert axs.flat[0].regime_categories == axs.flat[1].regime_categories  # one key
+    title = fig._suptitle.get_text()
+    assert "2 seeds per cell" in title and "n 12" in title and "30 steps" in title
+    P.plt.close(fig)
+
+
+def test_two_where_entries_give_two_files_named_by_their_slice(three_axes):
+    names = {p.name for p in three_axes.glob("heatmap_test_acc_*.png")}
+    assert names == {"heatmap_test_acc_noise_ratio_vs_signal_norm_lr0.05.png",
+                     "heatmap_test_acc_noise_ratio_vs_signal_norm_lr0.1.png"}
+    # the same entry twice is never written over: the second gets its own name
+    used: set = set()
+    h = {"x": "signal_norm", "y": "d", "value": "regime"}
+    assert [R._stem("heatmap", h, used) for _ in range(2)] == [
+        "heatmap_regime_d_vs_signal_norm", "heatmap_regime_d_vs_signal_norm_2"]
+
+
+def test_many_slices_get_one_file_each(three_axes, tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "MAX_PANELS", 1)
+    runs = pb.load(three_axes)
+    figs = R.map_figures(runs, {"x": "signal_norm", "y": "noise_ratio", "value": "regime"}, "m")
+    assert [name for _, name in figs] == ["m_lr0.05", "m_lr0.1"]
+    assert figs[0][0].axes[0].get_title().startswith("lr = 0.05 — regime")
+    for fig, _ in figs:
+        P.plt.close(fig)
+
+
+def test_a_plot_axis_fixed_by_set_draws_the_axes_that_vary(tmp_path, capsys):
+    plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime"}]}
+    spec = pb.spec_from_dict(BASE, {"signal_norm": [1.0, 9.0], "noise_ratio": [0.1, 0.4]},
+                             seeds=1, name="fixed", plot=plot)  # d = 48 only
+    run_sweep(spec, tmp_path / "f", quiet=True)
+    assert (tmp_path / "f" / "heatmap_regime_noise_ratio_vs_signal_norm.png").exists()
+    err = capsys.readouterr().err
+    assert "d = 48 in this run, so it is drawn noise_ratio vs signal_norm" in err
+
+
+def test_a_cases_sweep_gets_no_map_and_one_dynamics_line_per_case(tmp_path):
+    cases = [{"d": 48, "signal_norm": 1.0}, {"d": 64, "signal_norm": 3.0},
+             {"d": 96, "signal_norm": 9.0}]
+    spec = pb.spec_from_dict(BASE, {}, seeds=2, name="cases", cases=cases)
+    run_sweep(spec, tmp_path / "c", quiet=True)
+    assert sorted(p.name for p in (tmp_path / "c").glob("*.png")) == ["cases.png"]
+    runs = pb.load(tmp_path / "c")
+    with pytest.raises(ValueError, match="cases"):  # a map would colour 6 cells never run
+        P.regime_map(runs, "signal_norm", "d")
+    paths = R.standard_figures(tmp_path / "c")
+    names = {p.name for p in paths}
+    assert not any(n.startswith("map_") for n in names) and "cases.png" in names
+    attention = sorted(n for n in names if n.startswith("attention_"))
+    assert len(attention) == 3 and all("_d48_signal_norm1" in n or "_d64_signal_norm3" in n
+                                       or "_d96_signal_norm9" in n for n in attention)
+    fig, axs = P.accuracy_dynamics(pb.load(tmp_path / "c", "dynamics"), hue=["d", "signal_norm"])
+    labels = [t.get_text() for t in axs[0].get_legend().get_texts()]
+    assert len(labels) == 6  # train and test, one line per case
+    P.plt.close(fig)
+
+
+def _boundary_runs(slices, noise=0.0, seeds=6):
+    """Planted boundaries: benign below x* = 10 · y^0.5 (times a slice's ``noise`` factor),
+    harmful above, at 12 x values per slice."""
+    rows, rng = [], np.random.default_rng(0)
+    for i, yv in enumerate(slices):
+        xstar = 10 * yv ** 0.5 * (1 + noise * (-1) ** i)
+        for s in range(seeds):
+            for xv in np.geomspace(1, 1000, 12):
+                shift = np.exp(rng.normal(0, 0.1))
+                rows.append({"signal_norm": xv, "d": yv, "seed": s,
+                             "regime": "harmful" if xv > xstar * shift else "benign",
+                             "status": "ok", "test_acc": 1.0})
+    return pd.DataFrame(rows)
+
+
+def test_no_power_law_is_drawn_through_fewer_than_three_slices():
+    runs = _boundary_runs([100, 400])
+    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    fig = P.boundary_figure(runs, b, "signal_norm", "d")
+    assert fig.boundary_fit["status"] == "too_few_slices"
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert not any(lab.startswith(("fit", "theory")) for lab in labels)
+    assert any("no power-law fit" in t.get_text() for t in fig.axes[0].texts)
+    P.plt.close(fig)
+
+
+def test_a_scattered_boundary_is_flagged_in_the_fit_and_the_figure():
+    runs = _boundary_runs([25, 100, 400, 1600, 6400], noise=0.8, seeds=10)
+    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    row = __import__("phasebo.boundaries", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
+    assert row["status"] == "scattered" and row["chi2_dof"] > 4
+    fig = P.boundary_figure(runs, b, "signal_norm", "d")
+    assert any("scattered" in t.get_text() for t in fig.axes[0].texts)
+    P.plt.close(fig)
+    clean = _boundary_runs([25, 100, 400, 1600, 6400], seeds=10)
+    b = pb.boundaries(clean, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    fit = __import__("phasebo.boundaries", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
+    assert fit["status"] == "ok" and abs(fit["exponent"] - 0.5) < 0.1
+
+
+def test_boundaries_command_writes_the_fit_verdict(tmp_path, capsys):
+    from phasebo.cli import boundaries_main
+
+    runs = _boundary_runs([100, 400])
+    runs["run_id"] = np.arange(len(runs))
+    runs.to_parquet(tmp_path / "results.parquet")
+    assert boundaries_main([str(tmp_path / "results.parquet"), "--out", str(tmp_path),
+                            "--boot", "50"]) == 0
+    fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_fit.csv")
+    assert fit["status"].tolist() == ["too_few_slices"] and np.isnan(fit["exponent"][0])
+    assert "no power-law fit" in capsys.readouterr().out
+    assert boundaries_main([str(tmp_path / "results.parquet"), "--between", "benign,harmfull",
+                            "--no-plots"]) == 2
+    assert "did you mean 'harmful'" in capsys.readouterr().err
+
+
+def test_titles_count_seeds_in_good_grammar_and_name_columns_in_words():
+    cells = pd.DataFrame({"signal_norm": [1.0, 2.0], "test_acc": [0.9, 1.0], "seed": 0,
+                          "status": "ok", "regime": "benign"})
+    fig, ax = P.line_plot(cells, "signal_norm", "test_acc")
+    assert "over 1 seed" in ax.get_title() and "1 seeds" not in ax.get_title()
+    P.plt.close(fig)
+    assert P._label("cls_max_attn") == "max CLS attention"
+    assert P._label("mass_noisy_weak_opp") == ("attention mass, flipped samples, weak "
+                                               "opposite")
+
+
+def test_map_tick_labels_do_not_crowd_on_a_log_axis():
+    fig, ax = P.plt.subplots()
+    P._grid_ticks(ax.xaxis, np.array([5, 7.5, 10, 15, 20, 30, 40, 60, 80, 100.0]), log=True)
+    ticks = np.log(ax.xaxis.get_major_locator().tick_values(0, 1))
+    assert np.diff(ticks).min() >= np.log(20) / 10 - 1e-12 and np.isclose(np.exp(ticks[-1]), 100)
+    P.plt.close(fig)
+
+
+def test_figures_leak_no_warning(three_axes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig, _ = P.facet_maps(pb.load(three_axes), "signal_norm", "noise_ratio", "test_loss")
+        P.plt.close(fig)
