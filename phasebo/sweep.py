@@ -13,7 +13,8 @@ The door to the pipeline, one module per step:
    command resumes, and a sweep that grew (more seeds, more axis values) runs only its new runs.
 4. :func:`phasebo.results.assemble` joins the parts of the specification's runs into
    ``results.parquet``, ``results.csv``, ``dynamics.parquet`` and ``samples.parquet``, in the
-   specification's order; then :mod:`phasebo.plot`'s report draws the figures.
+   specification's order; then :mod:`phasebo.report` draws the figures and
+   :mod:`phasebo.report_html` writes ``report.html``.
 
 A run's key derives from its identity (:func:`phasebo.config.run_ids`), so its numbers do not
 depend on the chunk size, the block size, the number of devices or processes, or its position in
@@ -111,8 +112,16 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     wall = time.time() - t_start
     prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=round(wall, 3),
                 compile_s=round(stats.compile_s, 3), run_s=round(stats.run_s, 3),
-                new_runs=stats.n_new)
+                tables_figures_s=round(t_write, 3), new_runs=stats.n_new)
     write_manifest(out_dir, spec, prov)
+    report_txt = ""
+    if plots:  # last: the report shows the manifest's provenance and timings
+        from .report_html import write_report
+
+        path, t_report = write_report(out_dir)
+        wall = time.time() - t_start
+        report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
+                      f"{path.name})")
     if not quiet:
         n_div = int((df["status"] == "diverged").sum())
         counts = df["regime"].value_counts()
@@ -120,7 +129,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         rate_txt = f"{stats.n_new / stats.run_s:.0f} runs/s" if stats.run_s > 0 else "-"
         print(f"{spec.name}: {stats.n_new} new runs ({len(df)} in the table); compile "
               f"{stats.compile_s:.1f} s, run {stats.run_s:.1f} s ({rate_txt}), tables and "
-              f"figures {t_write:.1f} s, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "
+              f"figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "
               f"device(s); regimes: {regimes}"
               + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
                  if n_div else "") + f"; results in {out_dir}", file=sys.stderr)

@@ -4,6 +4,7 @@
 
     phasebo sweep sweeps/default.toml            # run a sweep (python -m phasebo.sweep)
     phasebo plot results/default                 # the standard figures of a finished sweep
+    phasebo report results/default               # its interactive report.html (offline)
     phasebo boundaries results/default --x signal_norm --y d --between benign,harmful
     phasebo settings single_head                 # every setting of a model: kind, default, doc
     phasebo models                               # the models and the engines that run them
@@ -23,6 +24,7 @@ import textwrap
 COMMANDS = {
     "sweep": "run a sweep file (or several)",
     "plot": "draw the standard figures of a finished sweep",
+    "report": "write a finished sweep's interactive report.html",
     "boundaries": "estimate phase boundaries (and their scaling) from a finished sweep",
     "settings": "list every setting of a model (or of all models)",
     "models": "list the models and their engines",
@@ -96,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from .plot import main as plot_main
 
         return plot_main(rest, prog="phasebo plot")
+    if cmd == "report":
+        from .report import main as report_main
+
+        return report_main(rest, prog="phasebo report")
     if cmd == "boundaries":
         return boundaries_main(rest, prog="phasebo boundaries")
     if cmd == "bench":

@@ -1,0 +1,33 @@
+"""``phasebo report RESULTS_DIR``: write (or rewrite) a finished sweep's ``report.html``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=prog or "phasebo report",
+        description="Write a finished sweep's interactive report.html: one self-contained file "
+                    "(plotly inlined) that opens offline.",
+        epilog="example: phasebo report results/default")
+    p.add_argument("results_dir", help="a sweep's output directory")
+    p.add_argument("--out", help="the file to write (default: RESULTS_DIR/report.html)")
+    args = p.parse_args(argv)
+    name = p.prog
+    results = Path(args.results_dir)
+    if not (results / "results.parquet").exists():
+        print(f"{name}: error: {results} holds no results.parquet; fix: give a finished sweep's "
+              "--out directory", file=sys.stderr)
+        return 2
+    if args.out and Path(args.out).suffix != ".html":
+        print(f"{name}: error: --out {args.out!r} must end in .html", file=sys.stderr)
+        return 2
+    from ..report_html import write_report
+
+    path, seconds = write_report(results, args.out)
+    size = path.stat().st_size / 2**20
+    print(f"{path} ({size:.1f} MiB, written in {seconds:.1f} s)")
+    return 0

@@ -1,0 +1,263 @@
+"""``report.html``: one self-contained, interactive page per sweep (plotly, its JavaScript inlined,
+so it opens offline from ``file://`` and can be e-mailed).
+
+What it shows, all computed from the sweep's tables:
+
+- the regime map over the two longest axes, one panel per slice of the other axes (a slice menu
+  past :data:`MAX_PANELS`); cells never run stay empty;
+- hovering a cell: its coordinates, majority regime, every regime's fraction with its Wilson 95 %
+  interval, the accuracies' and losses' means ± SE over seeds, the seeds (and failed runs), and
+  the settings every run shares;
+- a slider over the recorded steps when the sweep recorded its dynamics with regimes: the map
+  (and the hover numbers) at each recorded step; the last position is the horizon;
+- clicking a cell: its runs' train and test accuracy against the step (up to
+  :data:`MAX_RUN_LINES` runs drawn, the count stated) and the mean attention mass per token role
+  for clean and flipped samples;
+- the boundaries benign / harmful and benign / not overfitting along the map's x axis per
+  y value (:func:`phasebo.boundaries`, 95 % seed-bootstrap intervals) at the horizon;
+- a ``[[cases]]`` sweep (cells that do not tile a map): a table of its cases instead of a map,
+  each row clickable for its dynamics;
+- the sweep as resolved (the file with its ``--set`` overrides), the provenance and timings.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import analysis as A
+from .plot_grid import facet_slices, is_grid, settings_text, slice_text
+from .plot_style import LABELS, REGIME_COLORS, _label
+from .regimes import REGIMES
+
+MAX_PANELS = 12  # more slices than this: a menu picks the panel
+MAX_RUN_LINES = 10  # runs drawn per clicked cell
+METRICS = ("test_acc", "train_acc", "train_acc_noisy", "test_loss", "train_loss",
+           "frac_noisy_fitted")
+ROLES = ("rel", "weak", "weak_opp", "irr")
+PAIRS = (("benign", "harmful"), ("benign", "not_overfitting"))
+CATS = (*REGIMES, "mixed", "failed")
+
+
+def _r(v, digits: int = 4):
+    """A JSON number to ``digits`` significant digits; ``None`` for NaN and infinities."""
+    if v is None:
+        return None
+    v = float(v)
+    if not math.isfinite(v):
+        return None
+    return float(f"{v:.{digits}g}")
+
+
+def _axes(runs: pd.DataFrame) -> list[str]:
+    sel = A.cell_axes(runs)
+    axes = sorted(sel, key=lambda a: -runs[a].nunique())
+    return [a for a in axes if a not in ("engine", "model")] or axes
+
+
+def _frame(cells: pd.DataFrame, keys: list[str], index: dict, metrics: list[str]) -> dict:
+    """One slider position: per cell (in ``index`` order) the regime code and hover numbers."""
+    n = len(index)
+    out = {"code": [None] * n, "n_seeds": [None] * n, "n_failed": [None] * n}
+    for m in metrics:
+        out[f"{m}_mean"], out[f"{m}_se"] = [None] * n, [None] * n
+    for r in REGIMES:
+        out[f"frac_{r}"], out[f"frac_{r}_lo"], out[f"frac_{r}_hi"] = [None] * n, [None] * n, \
+            [None] * n
+    cols = {c: cells[c].to_numpy() for c in out if c in cells.columns}
+    reg = cells["regime"].astype(str).to_numpy()
+    key_vals = [cells[k].to_numpy() for k in keys]
+    for i in range(len(cells)):
+        j = index.get(tuple(_key(v[i]) for v in key_vals))
+        if j is None:
+            continue
+        out["code"][j] = CATS.index(reg[i]) if reg[i] in CATS else None
+        for c, v in cols.items():
+            if c != "code":
+                out[c][j] = _r(v[i]) if not c.startswith("n_") else int(v[i])
+    return out
+
+
+def _key(v):
+    return round(float(v), 12) if isinstance(v, (int, float, np.number)) else str(v)
+
+
+def _cell_dynamics(dyn: pd.DataFrame, keys: list[str], index: dict) -> dict:
+    """Per cell: its runs' train / test accuracy by recorded step (up to MAX_RUN_LINES runs) and
+    the mean attention mass per token role, clean and flipped. Plain arrays throughout: a pandas
+    operation per cell copies the table's metadata, which cost seconds on a small sweep."""
+    out: dict = {}
+    mass = [c for c in (f"mass_{g}_{r}" for g in ("clean", "noisy") for r in ROLES)
+            if c in dyn.columns]
+    accs = [c for c in ("train_acc", "test_acc") if c in dyn.columns]
+    run = pd.factorize(pd.MultiIndex.from_frame(dyn[[c for c in ("source", "run_id")
+                                                     if c in dyn.columns]].astype(str)))[0]
+    plain = pd.DataFrame({**{k: dyn[k].to_numpy() for k in keys}, "_run": run,
+                          "step": dyn["step"].to_numpy(np.int64)})
+    order = np.lexsort((plain["step"].to_numpy(), run))
+    arr = {c: dyn[c].to_numpy()[order] for c in [*accs, *mass, "seed"] if c in dyn.columns}
+    steps, runs_of = plain["step"].to_numpy()[order], run[order]
+    plain = plain.iloc[order].reset_index(drop=True)
+    for key, idx in plain.groupby(keys, sort=True, observed=True).indices.items():
+        key = key if isinstance(key, tuple) else (key,)
+        j = index.get(tuple(_key(v) for v in key))
+        if j is None:
+            continue
+        r_ids = pd.unique(runs_of[idx])
+        lines = []
+        for rid in r_ids[:MAX_RUN_LINES]:
+            sel = idx[runs_of[idx] == rid]
+            lines.append({"seed": int(arr["seed"][sel[0]]) if "seed" in arr else None,
+                          "step": steps[sel].tolist(),
+                          **{a: [_r(v) for v in arr[a][sel]] for a in accs}})
+        u, inv = np.unique(steps[idx], return_inverse=True)
+        cnt = np.bincount(inv, minlength=len(u))
+        means = {c[5:]: [_r(v) for v in np.bincount(inv, weights=arr[c][idx].astype(float),
+                                                     minlength=len(u)) / cnt] for c in mass}
+        out[str(j)] = {"runs": lines, "n_runs": len(r_ids), "mass_step": u.tolist(),
+                       "mass": means}
+    return out
+
+
+def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) -> list[dict]:
+    """The benign / harmful and benign / not-overfitting boundaries along ``x`` per ``y`` (and
+    facet slice) at the horizon, found ones only (status ok, unresolved or separated)."""
+    from .boundaries import boundaries
+
+    if y is None or runs[x].nunique() < 3 or not pd.api.types.is_numeric_dtype(runs[x]):
+        return []
+    out = []
+    for a, b in PAIRS:
+        have = set(runs["regime"].astype(str))
+        if a not in have or b not in have:
+            continue
+        try:
+            t = boundaries(runs, x, y, (a, b), by=facets, n_boot=200)
+        except ValueError:
+            continue
+        t = t[np.isfinite(t["boundary"].to_numpy(float))
+              & t["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+        for _, r in t.iterrows():
+            out.append({"between": f"{a} / {b}", "y": _key(r[y]),
+                        "slice": {f: _key(r[f]) for f in facets},
+                        "boundary": _r(r["boundary"]), "lo": _r(r["lo"]), "hi": _r(r["hi"]),
+                        "status": str(r["status"]), "n_seeds": int(r["n_seeds"])})
+    return out
+
+
+def report_data(results_dir) -> dict:
+    """Everything the page shows, as JSON-ready data (see the module docstring)."""
+    results_dir = Path(results_dir)
+    runs = A.load(results_dir)
+    manifest_path = results_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    axes = _axes(runs)
+    if len(axes) >= 2:
+        x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
+    else:
+        x, y = (axes[0] if axes else None), None
+    mode = "map" if x is not None and (y is None or is_grid(runs, x, y)) else "cases"
+    if mode == "cases":
+        x, y = None, None
+    facets = [a for a in axes if a not in (x, y)] if mode == "map" else []
+    keys = [a for a in (x, y) if a] + facets if mode == "map" else axes
+    metrics = [m for m in METRICS if m in runs.columns]
+    final = A.aggregate(runs, by=keys or None, metrics=metrics)
+    cells = final[keys].drop_duplicates() if keys else pd.DataFrame(index=[0])
+    index = {tuple(_key(r[k]) for k in keys): i for i, (_, r) in enumerate(cells.iterrows())}
+    coords = [{k: _key(r[k]) for k in keys} for _, r in cells.iterrows()]
+    frames = []
+    dyn_path = results_dir / "dynamics.parquet"
+    dyn = A.load(results_dir, "dynamics") if dyn_path.exists() else None
+    if dyn is not None and "regime" in dyn.columns and dyn["step"].nunique() > 1:
+        dm = [m for m in metrics if m in dyn.columns]
+        agg = A.aggregate(dyn, by=keys or None, metrics=dm)
+        for s, g in agg.groupby("step", sort=True):
+            frames.append({"label": f"step {int(s)}", "step": int(s), **_frame(g, keys, index,
+                                                                                dm)})
+        frames[-1]["label"] += " (horizon)"
+    else:
+        frames.append({"label": "horizon", "step": None, **_frame(final, keys, index, metrics)})
+    xs = sorted(runs[x].unique()) if x else []
+    ys = sorted(runs[y].unique()) if y else []
+    t0 = time.perf_counter()
+    bnd = _boundaries(runs, x, y, facets) if mode == "map" else []
+    k = final["n_seeds"]
+    return {
+        "name": manifest.get("name", results_dir.name), "mode": mode, "x": x, "y": y,
+        "xs": [_key(v) for v in xs], "ys": [_key(v) for v in ys], "facets": facets,
+        "slices": facet_slices(runs, facets) if mode == "map" else [{}],
+        "slice_text": [slice_text(w) for w in facet_slices(runs, facets)] if mode == "map"
+        else [""],
+        "keys": keys, "coords": coords, "frames": frames, "metrics": metrics,
+        "labels": {c: _label(c) for c in [*keys, *metrics, *(x and [x] or []), *(y and [y] or [])]},
+        "cats": list(CATS), "regimes": list(REGIMES), "colors": [REGIME_COLORS[c] for c in CATS],
+        "settings": settings_text(runs, skip=keys), "n_runs": len(runs),
+        "seeds": f"{int(k.min())}" + ("" if k.min() == k.max() else f"–{int(k.max())}"),
+        "log": {a: bool(a in ("d", "signal_norm", "n", "snr", "lr")) for a in (x, y) if a},
+        "boundaries": bnd, "boundaries_s": round(time.perf_counter() - t0, 3),
+        "dynamics": _cell_dynamics(dyn, keys, index) if dyn is not None and keys else {},
+        "spec": manifest.get("spec"),
+        "provenance": {k: v for k, v in manifest.items() if k not in ("spec", "history")},
+        "history": manifest.get("history", []),
+        "role_labels": {"rel": "relevant", "weak": "weakly relevant",
+                        "weak_opp": "weak, opposite class", "irr": "irrelevant"},
+        "legend_labels": {c: LABELS.get(c, c) for c in metrics},
+    }
+
+
+def write_report(results_dir, out: str | Path | None = None) -> tuple[Path, float]:
+    """Write ``report.html`` (default ``RESULTS_DIR/report.html``); returns its path and the
+    seconds it took."""
+    from plotly.offline import get_plotlyjs
+
+    t = time.perf_counter()
+    results_dir = Path(results_dir)
+    out = Path(out) if out is not None else results_dir / "report.html"
+    data = report_data(results_dir)
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    page = (_TEMPLATE.replace("%TITLE%", html.escape(f"phasebo report: {data['name']}"))
+            .replace("%PLOTLY%", get_plotlyjs()).replace("%DATA%", payload)
+            .replace("%SCRIPT%", (Path(__file__).parent / "report.js").read_text()))
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out, time.perf_counter() - t
+
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>%TITLE%</title>
+<style>
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:18px;color:#222;
+max-width:1400px}
+h1{font-size:20px;margin:0 0 4px} .sub{color:#555;font-size:13px;margin-bottom:10px}
+#controls{display:flex;gap:18px;align-items:center;margin:8px 0;font-size:14px}
+#panels{display:flex;flex-wrap:wrap;gap:6px} .panel{width:440px;height:400px}
+#dyn{display:flex;flex-wrap:wrap;gap:6px;margin-top:8px} .dynplot{width:560px;height:340px}
+table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ccc;padding:3px 8px}
+tr.case{cursor:pointer} tr.case:hover{background:#eef}
+pre{background:#f6f6f6;padding:8px;font-size:12px;overflow:auto;max-height:300px}
+.note{color:#555;font-size:12px}
+.swatch{display:inline-block;width:12px;height:12px;margin:0 3px 0 10px;border:1px solid #999;
+vertical-align:middle}
+</style>
+<script>%PLOTLY%</script>
+</head><body>
+<h1 id="title"></h1><div class="sub" id="subtitle"></div>
+<div id="controls"></div><div id="key" class="note"></div>
+<div id="panels"></div>
+<div class="note" id="hint"></div>
+<div id="dyn"></div>
+<h2 style="font-size:16px">Boundaries at the horizon</h2><div id="bounds" class="note"></div>
+<h2 style="font-size:16px">Sweep, provenance and timings</h2>
+<pre id="spec"></pre><pre id="prov"></pre>
+<script type="application/json" id="data">%DATA%</script>
+<script>%SCRIPT%</script>
+</body></html>
+"""

@@ -1,0 +1,145 @@
+"""report.html: its data against the tables (no browser), and the page itself in a real headless
+Chromium (Debian's package, driven by playwright): it loads from file:// without a console error,
+has one map cell per grid cell, shows a cell's numbers on hover, moves with the step slider and
+draws a clicked cell's dynamics."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import phasebo as pb
+from phasebo import analysis as A
+from phasebo.cli import main as cli
+from phasebo.report_html import CATS, report_data
+from phasebo.sweep import run_sweep
+
+BASE = {"n": 12, "n_test": 64, "T": 6, "d": 48, "steps": 40, "lr": 0.05, "record_log": 8}
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    out = tmp_path_factory.mktemp("html") / "grid"
+    spec = pb.spec_from_dict(BASE, {"signal_norm": [1.0, 3.0, 9.0, 27.0],
+                                    "noise_ratio": [0.1, 0.25, 0.4]}, seeds=3, name="grid")
+    run_sweep(spec, out, quiet=True)
+    return out
+
+
+def test_the_sweep_writes_a_self_contained_report(grid):
+    page = (grid / "report.html").read_text()
+    assert page.count('<script type="application/json" id="data">') == 1
+    assert page.index("Plotly") < page.index('id="data"')  # plotly inlined, before the data
+
+
+def test_report_data_are_the_tables_numbers(grid):
+    D = report_data(grid)
+    assert (D["mode"], D["x"], D["y"]) == ("map", "signal_norm", "noise_ratio")
+    dyn = pb.load(grid, "dynamics")
+    assert [f["step"] for f in D["frames"]] == sorted(dyn["step"].unique().tolist())
+    last = D["frames"][-1]
+    cells = A.aggregate(pb.load(grid), by=["signal_norm", "noise_ratio"])
+    for j, c in enumerate(D["coords"]):
+        row = A.select(cells, c).iloc[0]
+        assert CATS[last["code"][j]] == str(row["regime"])
+        assert np.isclose(last["test_acc_mean"][j], row["test_acc_mean"], rtol=1e-3)
+        assert last["n_seeds"][j] == 3
+    assert len(D["dynamics"]) == len(D["coords"])  # every cell can be clicked
+    one = D["dynamics"]["0"]
+    assert one["n_runs"] == 3 and len(one["runs"]) == 3 and set(one["mass"]) == {
+        f"{g}_{r}" for g in ("clean", "noisy") for r in ("rel", "weak", "weak_opp", "irr")}
+
+
+def test_report_command(grid, tmp_path, capsys):
+    assert cli(["report", str(grid), "--out", str(tmp_path / "r.html")]) == 0
+    assert "MiB, written in" in capsys.readouterr().out and (tmp_path / "r.html").exists()
+    assert cli(["report", str(tmp_path / "nothing")]) == 2
+    assert "holds no results.parquet" in capsys.readouterr().err
+
+
+def _browser():
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        if os.environ.get("PHASEBO_REQUIRE_BROWSER"):
+            pytest.fail("no chromium on PATH but PHASEBO_REQUIRE_BROWSER is set (.ci/run "
+                        "installs Debian's chromium)")
+        pytest.skip("no chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def page_of():
+    exe = _browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+
+        def open_page(path):
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.errors, page.requests = [], []
+            page.on("request", lambda r: page.requests.append(r.url))
+            page.on("console", lambda m: page.errors.append(m.text) if m.type == "error"
+                    else None)
+            page.on("pageerror", lambda e: page.errors.append(str(e)))
+            page.goto(path.as_uri())
+            page.wait_for_function("window.phasebo !== undefined", timeout=30000)
+            return page
+
+        yield open_page
+        browser.close()
+
+
+def _cell_xy(page, ix, iy):
+    return page.evaluate(f"""(() => {{ const gd = window.phasebo.state.panels[0];
+        const L = gd._fullLayout, r = gd.getBoundingClientRect();
+        return [r.left + L._size.l + L.xaxis.l2p({ix}), r.top + L._size.t + L.yaxis.l2p({iy})];
+        }})()""")
+
+
+def test_the_report_in_a_real_browser(grid, page_of):
+    page = page_of(grid / "report.html")
+    assert page.errors == []
+    assert all(u.startswith(("file:", "data:", "blob:")) for u in page.requests)  # offline
+    cells = A.aggregate(pb.load(grid), by=["signal_norm", "noise_ratio"])
+    z = page.evaluate("window.phasebo.state.panels[0].data[0].z")
+    assert np.array(z, dtype=float).shape == (3, 4)
+    assert sum(v is not None for row in z for v in row) == len(cells)  # one per grid cell
+    # hover: the cell's numbers
+    page.mouse.move(*_cell_xy(page, 2, 1))
+    page.wait_for_selector(".hovertext", timeout=5000)
+    text = page.evaluate("document.querySelector('.hovertext').textContent")
+    row = A.select(cells, {"signal_norm": 9.0, "noise_ratio": 0.25}).iloc[0]
+    assert "‖μ‖ (signal norm) = 9" in text and "noise ratio = 0.25" in text
+    assert f"{str(row['regime']).replace('_', ' ')} — 3 seeds" in text
+    assert f"test accuracy: {float(f'{row.test_acc_mean:.4g}'):g}" in text
+    # the slider: the map at the first recorded step
+    before = page.evaluate("window.phasebo.state.panels[0].data[0].z")
+    page.locator("#step").fill("0")
+    assert page.inner_text("#steplabel") == "step 0"
+    at0 = page.evaluate("window.phasebo.state.panels[0].data[0].z")
+    dyn0 = A.aggregate(pb.at_step(pb.load(grid, "dynamics"), 0), by=["signal_norm",
+                                                                         "noise_ratio"])
+    got = {CATS[at0[iy][ix]] for iy in range(3) for ix in range(4)}
+    assert got == set(dyn0["regime"].astype(str)) and at0 != before
+    # a click: the cell's runs' dynamics
+    page.mouse.click(*_cell_xy(page, 2, 1))
+    page.wait_for_selector("#dyn_acc .main-svg", timeout=5000)
+    assert page.evaluate("document.getElementById('dyn_acc').data.length") == 6  # 3 runs x 2
+    assert page.evaluate("document.getElementById('dyn_mass').data.length") == 8
+    assert page.errors == []
+
+
+def test_a_cases_report_in_a_real_browser(tmp_path, page_of):
+    cases = [{"d": 48, "signal_norm": 1.0}, {"d": 64, "signal_norm": 9.0}]
+    run_sweep(pb.spec_from_dict(BASE, {}, seeds=2, name="cases", cases=cases), tmp_path / "c",
+              quiet=True)
+    page = page_of(tmp_path / "c" / "report.html")
+    assert page.evaluate("window.phasebo.state.panels.length") == 0  # no map of unrun cells
+    assert page.locator("tr.case").count() == 2
+    page.locator("#case1").click()
+    page.wait_for_selector("#dyn_acc .main-svg", timeout=5000)
+    assert page.errors == []
