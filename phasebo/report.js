@@ -267,15 +267,16 @@
         "not-overfitting runs along " + label(D.x || "x") : "a cases sweep has no map";
       return;
     }
-    const rows = D.boundaries.map((b) => `<tr><td>${words(b.between)}</td><td>` +
-      `${Object.entries(b.slice).map(([k, v]) => `${label(k)} = ${fmt(v)}`).join(", ")}</td>` +
+    const sliceCell = (b) => (D.facets.length ? `<td>${Object.entries(b.slice).map(([k, v]) =>
+      `${label(k)} = ${fmt(v)}`).join(", ")}</td>` : "");
+    const rows = D.boundaries.map((b) => `<tr><td>${words(b.between)}</td>${sliceCell(b)}` +
       `<td>${fmt(b.y)}</td><td>${fmt(b.boundary)}</td><td>[${b.lo === null ? "unbounded" :
         fmt(b.lo)}, ${b.hi === null ? "unbounded" : fmt(b.hi)}]</td>` +
       `<td>${b.status}</td><td>${b.n_seeds}</td></tr>`).join("");
     el.innerHTML = `<p>Along ${label(D.x)}, one per ${label(D.y)}: the ${label(D.x)} where a ` +
       `logistic fit over the runs of the two regimes crosses ½, its 95% interval a bootstrap ` +
       `over seeds (computed in ${D.boundaries_s} s).</p><table><tr><th>between</th>` +
-      `<th>slice</th><th>${label(D.y)}</th><th>boundary</th><th>95% CI</th><th>status</th>` +
+      `${D.facets.length ? "<th>slice</th>" : ""}<th>${label(D.y)}</th><th>boundary</th><th>95% CI</th><th>status</th>` +
       `<th>seeds</th></tr>${rows}</table>`;
   }
 

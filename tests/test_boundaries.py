@@ -219,3 +219,18 @@ def test_the_power_law_reads_the_points_intervals_at_their_level():
         fits.append(fit_power_law(b, "d"))
     for k in ("exponent", "lo", "hi", "chi2_dof"):
         assert fits[0][k] == pytest.approx(fits[1][k], rel=1e-9), k
+
+
+def test_pooling_runs_at_the_same_point_gives_the_run_by_run_fit():
+    """A slice of 2000 runs at 10 x values fits as 20 pooled binomial points; the same slice with
+    every run's u nudged apart by 1e-13 (no two runs pooled) gives the same bootstrap fits."""
+    from phasebo.boundaries import _fit
+
+    rng = np.random.default_rng(3)
+    u = np.repeat(np.linspace(-1.5, 1.5, 10), 200)
+    yb = (rng.random(u.size) < 1 / (1 + np.exp(-3 * u))).astype(float)
+    w = np.vstack([np.ones(u.size), rng.poisson(1.0, size=(30, u.size))]).astype(float)
+    pooled = _fit(u, yb, w)
+    apart = _fit(u + 1e-13 * np.arange(u.size), yb, w)
+    for a, b in zip(pooled, apart):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8)
