@@ -9,7 +9,7 @@ The public API: sweeps (:func:`load_sweep`, :func:`spec_from_dict`, :func:`run_s
 :func:`run_one`), tables (:func:`load`, :func:`aggregate`, :func:`pivot`, :func:`at_step`,
 :func:`export`), regimes at a step (:func:`classify_regime`, :func:`regimes_over_time`,
 :func:`timeline`), phase boundaries (:func:`boundaries`, :func:`crossings`,
-:func:`fit_power_law`, :func:`exponents_over_steps`), and the
+:func:`fit_power_law`, :func:`power_law_row`, :func:`exponents_over_steps`), and the
 tables of models and engines (:data:`MODELS`, :data:`ENGINES`).
 """
 
@@ -28,6 +28,7 @@ from .boundaries import boundaries as boundaries
 from .boundaries import crossings as crossings
 from .boundaries import exponents_over_steps as exponents_over_steps
 from .boundaries import fit_power_law as fit_power_law
+from .boundaries import power_law_row as power_law_row
 from .config import SweepSpec as SweepSpec
 from .config import load_sweep as load_sweep
 from .config import spec_from_dict as spec_from_dict

@@ -351,11 +351,30 @@ def section_readme(q: bool, out: dict) -> None:
                                                  "compile_s": compile_s})
             rows.append([label, f"{wall:.1f}", f"{compile_s:.1f}" if compile_s is not None
                          else "-", "ok" if rc == 0 else f"FAILED: {err[-300:]}"])
+        outputs = []
+        warm = Path(tmp) / "o1"
+        if (warm / "manifest.json").exists():  # what the job writes besides its runs
+            from .report_html import write_report
+
+            man = json.loads((warm / "manifest.json").read_text())
+            path, t_report = write_report(warm)
+            size = path.stat().st_size / 2**20
+            out["readme_outputs"] = {"run_s": man.get("run_s"),
+                                     "tables_figures_s": man.get("tables_figures_s"),
+                                     "report_s": t_report, "report_mib": size}
+            outputs = [["runs (manifest)", f"{man.get('run_s', float('nan')):.1f}", ""],
+                       ["tables and figures (manifest)",
+                        f"{man.get('tables_figures_s', float('nan')):.1f}", ""],
+                       ["report.html (write_report, in process)", f"{t_report:.1f}",
+                        f"{size:.1f} MiB"]]
     _print_table("readme: python -m phasebo.sweep sweeps/default.toml, whole process; then new "
                  "small studies on the same cache",
                  ["job (compilation cache)", "wall s", "compile s", "status"], rows,
                  "targets: <= 20 s cold, <= 10 s warm on 2 cores; a new small study compiles "
                  "<= 5 s")
+    if outputs:
+        _print_table("readme: where the warm job's time goes after its runs",
+                     ["part", "s", "size"], outputs)
 
 
 def section_traces(q: bool, out: dict) -> None:

@@ -517,7 +517,7 @@ def save(fig, path: Path, formats: Sequence[str] = ("png",), dpi: int = 150) -> 
 
 
 def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = None,
-                     theory: dict | None = None, color: str = "black"):
+                     theory: dict | None = None, color: str = "black", band: bool = True):
     """Draw boundaries (:func:`phasebo.boundaries`) on a map with ``x`` across and ``y`` up: each
     slice's boundary with its interval as a horizontal bar, the fitted power law
     ``x* = prefactor · y^exponent`` (solid) with the band its exponent interval spans around the
@@ -534,7 +534,9 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
                                                                                    yv.max(), 100)
     if fit is not None:
         ax.plot(fit["prefactor"] * ys ** fit["exponent"], ys, color=color, lw=1.2,
-                label=f"fit: exponent {fit['exponent']:.2f} [{fit['lo']:.2f}, {fit['hi']:.2f}]")
+                label=f"fit: exponent {fit['exponent']:.2f} [{fit['lo']:.2f}, {fit['hi']:.2f}]"
+                if band else f"fit (scattered): exponent {fit['exponent']:.2f}")
+    if fit is not None and band:  # no band for a scattered fit: its interval means nothing
         yc = float(np.exp(np.mean(np.log(yv))))
         xc = fit["prefactor"] * yc ** fit["exponent"]
         lo, hi = (xc * (ys / yc) ** fit["lo"], xc * (ys / yc) ** fit["hi"])
@@ -559,7 +561,7 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
         fit = {k: row[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof")}
         if np.isfinite(row["theory_exponent"]):
             th = {"exponent": row["theory_exponent"], "prefactor": row["theory_prefactor"]}
-    boundary_overlay(ax, b, x, y, fit, th)
+    boundary_overlay(ax, b, x, y, fit, th, band=row["status"] == "ok")
     note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (fewer "
                               "than 3)",
             "scattered": f"scattered: χ²/dof {row['chi2_dof']:.1f}, one power law does not "
