@@ -71,9 +71,9 @@ def _fit(u: np.ndarray, yb: np.ndarray, w: np.ndarray, iters: int = 60):
     dozen binomial points, the same fit (to rounding) in a fraction of the time."""
     pairs, inv = np.unique(np.column_stack([u, yb]), axis=0, return_inverse=True)
     if 4 * len(pairs) < len(u):  # where pooling pays; small slices fit run by run
-        ind = np.zeros((len(u), len(pairs)))
-        ind[np.arange(len(u)), inv.ravel()] = 1.0
-        w, u, yb = w @ ind, pairs[:, 0], pairs[:, 1]
+        inv = inv.ravel()
+        w = np.stack([np.bincount(inv, weights=row, minlength=len(pairs)) for row in w])
+        u, yb = pairs[:, 0], pairs[:, 1]
     R = w.shape[0]
     a = np.zeros(R)
     c = np.zeros(R)
@@ -409,6 +409,8 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     ``theory_exponent`` and ``theory_prefactor`` (its constant fitted) where a theory applies."""
     usable = b[np.isfinite(b["boundary"].to_numpy(float))
                & b["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+    if y in usable.columns:  # a power law lives on positive slice values (log y)
+        usable = usable[usable[y].to_numpy(float) > 0]
     th = theory_exponent(x, y)
     row = {"between": str(b["between"].iloc[0]) if len(b) else "", "x": x, "slice": y,
            "n_slices": len(b), "n_points": len(usable), "exponent": np.nan, "lo": np.nan,
@@ -419,6 +421,9 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
         return row
     fit = fit_power_law(usable, y)
     row.update({k: fit[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof")})
+    if not np.isfinite(fit["exponent"]):
+        row["status"] = "too_few_slices"
+        return row
     row["status"] = "scattered" if fit["chi2_dof"] > SCATTER else "ok"
     if th:
         row["theory_prefactor"] = fit_power_law(usable, y, exponent=th[0])["prefactor"]

@@ -30,6 +30,7 @@ Which figures a sweep or a results directory gets is :mod:`phasebo.report`'s; th
 from __future__ import annotations
 
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -336,6 +337,7 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
 
 
 MAX_PANELS = 12  # more slices than this: one file per slice instead of small multiples
+MAX_CASES = 40  # more cells than this: no cases figure (its table and report.html instead)
 
 
 def _panel_grid(n: int, ncols: int | None = None, key_width: float = 2.6):
@@ -419,6 +421,21 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
     return fig, axs
 
 
+def _telling(cells: pd.DataFrame, cases: Sequence[str], most: int = 4) -> list[str]:
+    """The few columns that tell the cases apart, in the order of a title (model, d, ‖μ‖, n, r,
+    ...): two, or more until every case has its own label, at most ``most``."""
+    order = sorted(cases, key=lambda a: TITLE_SETTINGS.index(a) if a in TITLE_SETTINGS
+                   else len(TITLE_SETTINGS))
+    keep: list[str] = []
+    for a in order:
+        if len(keep) >= most:
+            break
+        keep.append(a)
+        if len(keep) >= min(2, len(order)) and not cells.duplicated(keep).any():
+            break
+    return keep
+
+
 def cases_figure(df: pd.DataFrame, metrics: Sequence[str] = ("train_acc", "test_acc"),
                  cases: Sequence[str] | None = None, ax=None, title: str | None = None):
     """The cells of a ``[[cases]]`` sweep (or any few cells) side by side: each metric's mean ±
@@ -427,7 +444,10 @@ def cases_figure(df: pd.DataFrame, metrics: Sequence[str] = ("train_acc", "test_
     cases = list(A.cell_axes(df) if cases is None else cases)
     cells = df if A.is_aggregate(df) else A.aggregate(df, by=cases or None,
                                                       metrics=list(metrics))
-    fig, ax = _new(ax, (6.4, 1.2 + 0.55 * len(cells) * max(1, len(metrics) / 2)))
+    if len(cells) > MAX_CASES:
+        raise ValueError(f"{len(cells)} cells are too many to draw side by side (at most "
+                         f"{MAX_CASES}); fix: pb.aggregate(runs) gives their table, or report.html")
+    fig, ax = _new(ax, (6.4, 2.4 + 0.55 * len(cells) * max(1, len(metrics) / 2)))
     colors = ["#009E73", "#0072B2", "#D55E00", "#CC79A7", "#56B4E9"]
     rows = np.arange(len(cells))
     width = 0.8 / max(len(metrics), 1)
@@ -439,9 +459,11 @@ def cases_figure(df: pd.DataFrame, metrics: Sequence[str] = ("train_acc", "test_
                 label=_label(m), capsize=2)
     labels = []
     for _, r in cells.iterrows():
-        w = {a: r[a] for a in cases}
-        labels.append(slice_text(w) + (f"\n{str(r['regime']).replace('_', ' ')}"
-                                       if "regime" in cells.columns else ""))
+        w = {a: r[a] for a in _telling(cells, cases) if not (isinstance(r[a], float)
+                                                             and np.isnan(r[a]))}
+        text = "\n".join(textwrap.wrap(slice_text(w), 34))
+        labels.append(text + (f"\n{str(r['regime']).replace('_', ' ')}"
+                              if "regime" in cells.columns else ""))
     ax.set_yticks(rows, labels, fontsize=8)
     ax.invert_yaxis()
     lo = min(0.0, float(np.nanmin([cells[f"{m}_mean"].min() for m in metrics])))

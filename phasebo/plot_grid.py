@@ -117,7 +117,7 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         parts.append(f"{model}" + (f" ({train})" if isinstance(train, str) and train else ""))
     for c in TITLE_SETTINGS[2:]:
         v = one(c)
-        if v is None or isinstance(v, str):
+        if v is None or isinstance(v, str) or (isinstance(v, float) and not np.isfinite(v)):
             continue
         parts.append(f"{_num(v)} steps" if c == "steps" else f"{_short(c)} {_num(v)}")
     return ", ".join(parts)
@@ -133,10 +133,14 @@ def slice_tag(where: Mapping | None) -> str:
     """``noise_ratio0.1_n20``: a slice in a file name (letters, digits, ``.``, ``-``, ``_``)."""
     import re
 
-    def text(v):
-        return _num(v) if isinstance(v, (int, float, np.number)) else str(v)
+    def text(v):  # to 6 digits (0.001 and 0.0010001 are two files), "+" kept (3.6e+07)
+        if isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)):
+            v = float(v)
+            return _num(v) if not np.isfinite(v) or (abs(v - round(v)) < 1e-9 and abs(v) < 1e7) \
+                else f"{v:.6g}"
+        return str(v)
 
-    return "_".join(re.sub(r"[^A-Za-z0-9._\-]+", "-", f"{a}{text(v)}")
+    return "_".join(re.sub(r"[^A-Za-z0-9._+\-]+", "-", f"{a}{text(v)}")
                     for a, v in (where or {}).items())
 
 

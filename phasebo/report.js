@@ -76,6 +76,7 @@
   }
 
   function toIndex(v, vals, log) {  // a value between grid values, placed between their cells
+    log = log && vals.every((a) => typeof a === "number" && a > 0);
     const t = (a) => (log ? Math.log(a) : a);
     for (let i = 0; i < vals.length - 1; i++) {
       if (v >= vals[i] && v <= vals[i + 1]) {
@@ -205,6 +206,10 @@
       xaxis: {type: "log", title: {text: "step (log; step 0 not drawn)"}},
       yaxis: {title: {text: "accuracy"}}, margin: {l: 50, r: 10, t: 50, b: 45},
       legend: {font: {size: 9}}}, {displaylogo: false});
+    if (!Object.keys(dyn.mass).length) {
+      mass.textContent = "attention mass per token role: not recorded by this model";
+      return;
+    }
     const mt = [];
     const steps = dyn.mass_step.map((s, t) => t).filter((t) => dyn.mass_step[t] > 0);
     for (const [col, ys] of Object.entries(dyn.mass)) {
@@ -281,7 +286,8 @@
   }
 
   document.getElementById("title").textContent = `phasebo report: ${D.name}`;
-  document.getElementById("subtitle").textContent = `${D.n_runs} runs, ${D.seeds} seeds per ` +
+  document.getElementById("subtitle").textContent = `${D.n_runs} runs, ${D.seeds} ` +
+    `seed${D.seeds === "1" ? "" : "s"} per ` +
     `cell; ${D.settings}` + (D.mode === "map" ? `. Hover a cell for its numbers, click it ` +
     `for its runs' dynamics.` : ". A [[cases]] sweep: its cases (click a row for its dynamics).");
   controls();

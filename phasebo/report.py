@@ -144,6 +144,10 @@ def map_figures(df, h: Mapping, name: str) -> list[tuple[object, str]]:
     if not others:
         return [(_map(df, h)[0], name)]
     slices = P.facet_slices(sel, others)
+    if not all(P.is_grid(A.select(sel, w), x, y) for w in slices):
+        raise ValueError(f"the ({x}, {y}) cells of a slice do not tile a map (a [[cases]] "
+                         "sweep?): a map would colour cells that never ran; fix: a line plot or "
+                         "the cases figure")
     if len(slices) <= P.MAX_PANELS:
         value = h.get("value", "regime")
         fig, _ = P.facet_maps(sel, x, y, value, facets=others,
@@ -169,18 +173,21 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
     """A ``[plot]`` entry whose axes no longer vary (fixed by ``--set``) draws the axes that do:
     ``(kind, entry)``, said on stderr; ``None`` when nothing varies."""
     need = ("x", "y") if kind == "heatmap" else ("x",)
-    axes = varying(df, h.get("where"))
-    if all(h[k] in axes for k in need):
+    sel = A.select(df, h.get("where"))
+    # fixed: one value in this run (a derived axis such as snr, or model, varies all the same)
+    fixed = [h[k] for k in need if h[k] in sel.columns and sel[h[k]].nunique(dropna=False) <= 1]
+    if not fixed:
         return kind, h
-    fixed = [f"{h[k]} = {df[h[k]].iloc[0]}" for k in need if h[k] in df.columns
-             and h[k] not in axes]
+    axes = varying(df, h.get("where"))
+    fixed = [f"{c} = {sel[c].iloc[0]}" for c in fixed]
     value = h.get("value", "regime" if kind == "heatmap" else "test_acc")
     if len(axes) >= 2 and kind == "heatmap":
         x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
         new = {**h, "x": x, "y": y}
     elif axes and (kind == "line" or value != "regime"):
         new, kind = {"x": axes[0], "value": "test_acc" if value == "regime" else value,
-                     "where": h.get("where")}, "line"
+                     "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, \
+            "line"
     else:
         print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} in this run "
               "and no other axis varies; nothing to draw", file=sys.stderr)
@@ -222,8 +229,11 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
     heat, lines = wanted_figures(spec)
     paths, used = [], set()
     if spec.cases and not heat and not lines and len(df) > 0:
-        fig, _ = P.cases_figure(df)
-        paths += P.save(fig, out_dir / "cases", formats, dpi)
+        try:
+            fig, _ = P.cases_figure(df)
+            paths += P.save(fig, out_dir / "cases", formats, dpi)
+        except ValueError as e:
+            print(f"phasebo.plot: skipped the cases figure: {e}", file=sys.stderr)
     todo = [("heatmap", h) for h in heat] + [("line", h) for h in lines]
     for i, (kind, h) in enumerate(todo):
         got = _retarget(df, h, kind, i if kind == "heatmap" else i - len(heat))
@@ -242,6 +252,10 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
             print(f"phasebo.plot: skipped {kind} {value}: {e}", file=sys.stderr)
             continue
         for fig, name in figs:
+            base, k = name, 2
+            while name in used and name != stem:  # a slice's file never replaces another's
+                name, k = f"{base}_{k}", k + 1
+            used.add(name)
             paths += P.save(fig, out_dir / name, formats, dpi)
         if kind == "heatmap" and value == "regime":
             paths += _regime_steps_figure(df, h, out_dir, formats, dpi)
@@ -335,10 +349,16 @@ def _maps_or_lines(df, axes, out: Path, formats, dpi, step=None) -> list[Path]:
 
     if len(axes) >= 2:
         x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
-        if not P.is_grid(df, x, y):
+        if not P.is_grid(df, x, y) or not all(
+                P.is_grid(A.select(df, w), x, y)
+                for w in P.facet_slices(df, A.other_axes(df, x, y))):
             metrics = [m for m in ("train_acc", "test_acc", "frac_noisy_fitted")
                        if m in df.columns]
-            return saved(P.cases_figure(df, metrics, cases=axes)[0], "cases")
+            try:
+                return saved(P.cases_figure(df, metrics, cases=axes)[0], "cases")
+            except ValueError as e:
+                print(f"phasebo.plot: skipped the cases figure: {e}", file=sys.stderr)
+                return []
         for v in MAP_VALUES:
             if v != "regime" and v not in df.columns:
                 continue
@@ -400,11 +420,13 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
             if "ss_clean_pos" in sub.columns:
                 fig, _ = P.ss_dynamics(sub)
                 paths += P.save(fig, out / f"ss_{name}", formats, dpi)
-        if len(axes) >= 2 and "regime" in dyn.columns and dyn["step"].nunique() > 1:
+        if len(axes) >= 2 and "regime" in pq_columns(results_dir / "dynamics.parquet") \
+                and dyn["step"].nunique() > 1:
             x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0],
                                                                                    axes[1])
-            if P.is_grid(runs, x, y):
-                for w in P.facet_slices(runs, [a for a in axes if a not in (x, y)]):
+            slices = P.facet_slices(runs, A.other_axes(runs, x, y))
+            if all(P.is_grid(A.select(runs, w), x, y) for w in slices):
+                for w in slices:
                     fig, _ = P.regime_maps_over_time(dyn, x, y, where=w or None)
                     if w:
                         fig.suptitle(f"{P.slice_text(w)} — {fig._suptitle.get_text()}",

@@ -55,10 +55,41 @@ def _r(v, digits: int = 4):
     return float(f"{v:.{digits}g}")
 
 
+MAX_FRAMES = 30  # slider positions at most: log-spaced recorded steps, the horizon last
+MAX_POINTS = 200  # points per drawn run trajectory at most (log-spaced)
+
+
 def _axes(runs: pd.DataFrame) -> list[str]:
-    sel = A.cell_axes(runs)
-    axes = sorted(sel, key=lambda a: -runs[a].nunique())
-    return [a for a in axes if a not in ("engine", "model")] or axes
+    """The cell axes, longest first, ``model`` and ``engine`` last (a sweep of several models
+    keeps them: they tell its cells apart)."""
+    return sorted(A.cell_axes(runs), key=lambda a: (a in ("engine", "model"),
+                                                     -runs[a].nunique(dropna=False)))
+
+
+def _values(col: pd.Series) -> list:
+    """A column's distinct values as keys: numbers in increasing order, then strings; a
+    missing value (a setting another model has) is ``"none"``."""
+    keys = {_key(v) for v in col.unique()}
+    return sorted(k for k in keys if not isinstance(k, str)) + sorted(
+        k for k in keys if isinstance(k, str))
+
+
+def _log_axis(a: str | None, vals: list) -> bool:
+    """Whether boundary positions interpolate in log: the map's own scale rule
+    (:func:`phasebo.plot_grid._auto_log`) on a positive numeric axis."""
+    from .plot_grid import _auto_log
+
+    num = [v for v in vals if not isinstance(v, str)]
+    return bool(a and num and len(num) == len(vals) and min(num) > 0
+                and _auto_log(a, np.asarray(num, float)))
+
+
+def _thin(steps: np.ndarray, k: int) -> np.ndarray:
+    """Indices of at most ``k`` of sorted ``steps``, about log-spaced, the first and last kept."""
+    if len(steps) <= k:
+        return np.arange(len(steps))
+    want = np.geomspace(1, len(steps), k) - 1
+    return np.unique(np.concatenate([[0], np.round(want).astype(int), [len(steps) - 1]]))
 
 
 def _frame(cells: pd.DataFrame, keys: list[str], index: dict, metrics: list[str]) -> dict:
@@ -85,7 +116,14 @@ def _frame(cells: pd.DataFrame, keys: list[str], index: dict, metrics: list[str]
 
 
 def _key(v):
-    return round(float(v), 12) if isinstance(v, (int, float, np.number)) else str(v)
+    """A cell coordinate as JSON: a number (rounded), ``"true"`` / ``"false"``, a string, or
+    ``"none"`` for a missing value."""
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (int, float, np.number)):
+        v = float(v)
+        return round(v, 12) if math.isfinite(v) else "none"
+    return "none" if v is None or v is pd.NA else str(v)
 
 
 def _cell_dynamics(dyn: pd.DataFrame, keys: list[str], index: dict) -> dict:
@@ -98,28 +136,36 @@ def _cell_dynamics(dyn: pd.DataFrame, keys: list[str], index: dict) -> dict:
     accs = [c for c in ("train_acc", "test_acc") if c in dyn.columns]
     run = pd.factorize(pd.MultiIndex.from_frame(dyn[[c for c in ("source", "run_id")
                                                      if c in dyn.columns]].astype(str)))[0]
-    plain = pd.DataFrame({**{k: dyn[k].to_numpy() for k in keys}, "_run": run,
-                          "step": dyn["step"].to_numpy(np.int64)})
+    plain = pd.DataFrame({**{k: [_key(v) for v in dyn[k].to_numpy()] for k in keys},
+                          "_run": run, "_all": 0, "step": dyn["step"].to_numpy(np.int64)})
     order = np.lexsort((plain["step"].to_numpy(), run))
     arr = {c: dyn[c].to_numpy()[order] for c in [*accs, *mass, "seed"] if c in dyn.columns}
     steps, runs_of = plain["step"].to_numpy()[order], run[order]
     plain = plain.iloc[order].reset_index(drop=True)
-    for key, idx in plain.groupby(keys, sort=True, observed=True).indices.items():
-        key = key if isinstance(key, tuple) else (key,)
-        j = index.get(tuple(_key(v) for v in key))
+    for key, idx in plain.groupby(keys or ["_all"], sort=True, observed=True).indices.items():
+        key = (key if isinstance(key, tuple) else (key,)) if keys else ()
+        j = index.get(tuple(key))
         if j is None:
             continue
         r_ids = pd.unique(runs_of[idx])
         lines = []
         for rid in r_ids[:MAX_RUN_LINES]:
             sel = idx[runs_of[idx] == rid]
+            sel = sel[_thin(steps[sel], MAX_POINTS)]
             lines.append({"seed": int(arr["seed"][sel[0]]) if "seed" in arr else None,
                           "step": steps[sel].tolist(),
                           **{a: [_r(v) for v in arr[a][sel]] for a in accs}})
         u, inv = np.unique(steps[idx], return_inverse=True)
-        cnt = np.bincount(inv, minlength=len(u))
-        means = {c[5:]: [_r(v) for v in np.bincount(inv, weights=arr[c][idx].astype(float),
-                                                     minlength=len(u)) / cnt] for c in mass}
+        means = {}
+        for c in mass:  # over the runs with a finite value (a diverged run does not blank it)
+            v = arr[c][idx].astype(float)
+            ok = np.isfinite(v)
+            cnt = np.bincount(inv[ok], minlength=len(u))
+            tot = np.bincount(inv[ok], weights=v[ok], minlength=len(u))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                means[c[5:]] = [_r(x) for x in tot / cnt]
+        keep = _thin(u, MAX_POINTS)
+        u, means = u[keep], {c: [m[i] for i in keep] for c, m in means.items()}
         out[str(j)] = {"runs": lines, "n_runs": len(r_ids), "mass_step": u.tolist(),
                        "mass": means}
     return out
@@ -163,10 +209,17 @@ def report_data(results_dir) -> dict:
     else:
         x, y = (axes[0] if axes else None), None
     mode = "map" if x is not None and (y is None or is_grid(runs, x, y)) else "cases"
+    if mode == "map":  # a facet per slice of the axes not tied to x or y
+        facets = [a for a in A.other_axes(runs, x, y) if a in axes]
+        facets = [a for a in facets if a not in ("engine", "model")] + [
+            a for a in facets if a in ("engine", "model")]
+        keys = [a for a in (x, y) if a] + facets
+        slices = facet_slices(runs, facets)
+        if not all(is_grid(A.select(runs, w), x, y) for w in slices if y is not None):
+            mode = "cases"
     if mode == "cases":
-        x, y = None, None
-    facets = [a for a in axes if a not in (x, y)] if mode == "map" else []
-    keys = [a for a in (x, y) if a] + facets if mode == "map" else axes
+        x, y, facets, slices = None, None, [], [{}]
+        keys = axes
     metrics = [m for m in METRICS if m in runs.columns]
     final = A.aggregate(runs, by=keys or None, metrics=metrics)
     cells = final[keys].drop_duplicates() if keys else pd.DataFrame(index=[0])
@@ -175,34 +228,43 @@ def report_data(results_dir) -> dict:
     frames = []
     dyn_path = results_dir / "dynamics.parquet"
     dyn = A.load(results_dir, "dynamics") if dyn_path.exists() else None
-    if dyn is not None and "regime" in dyn.columns and dyn["step"].nunique() > 1:
+    horizon = int(runs["steps"].max()) if "steps" in runs.columns and \
+        runs["steps"].nunique() == 1 else None
+    # a regime at each recorded step only when the dynamics file has one (loading joins the
+    # final regime onto every step otherwise, which would replay the horizon)
+    from .report import pq_columns
+
+    if dyn is not None and "regime" in pq_columns(dyn_path) and dyn["step"].nunique() > 1:
         dm = [m for m in metrics if m in dyn.columns]
-        agg = A.aggregate(dyn, by=keys or None, metrics=dm)
-        for s, g in agg.groupby("step", sort=True):
-            frames.append({"label": f"step {int(s)}", "step": int(s), **_frame(g, keys, index,
-                                                                                dm)})
-        frames[-1]["label"] += " (horizon)"
-    else:
-        frames.append({"label": "horizon", "step": None, **_frame(final, keys, index, metrics)})
-    xs = sorted(runs[x].unique()) if x else []
-    ys = sorted(runs[y].unique()) if y else []
+        steps = np.unique(dyn["step"].to_numpy(np.int64))
+        steps = steps[steps < horizon] if horizon is not None else steps[:-1]
+        steps = steps[_thin(steps, MAX_FRAMES - 1)] if len(steps) else steps
+        agg = A.aggregate(A.at_step(dyn, steps.tolist()), by=keys or None, metrics=dm) \
+            if len(steps) else None
+        for s_ in steps:
+            frames.append({"label": f"step {int(s_)}", "step": int(s_),
+                           **_frame(agg[agg["step"] == s_], keys, index, dm)})
+    last = f"step {horizon} (horizon)" if horizon is not None else "horizon"
+    frames.append({"label": last, "step": horizon, **_frame(final, keys, index, metrics)})
+    xs = _values(runs[x]) if x else []
+    ys = _values(runs[y]) if y else []
     t0 = time.perf_counter()
     bnd = _boundaries(runs, x, y, facets) if mode == "map" else []
     k = final["n_seeds"]
+    n_steps = int(dyn["step"].nunique()) if dyn is not None else 0
     return {
         "name": manifest.get("name", results_dir.name), "mode": mode, "x": x, "y": y,
         "xs": [_key(v) for v in xs], "ys": [_key(v) for v in ys], "facets": facets,
-        "slices": facet_slices(runs, facets) if mode == "map" else [{}],
-        "slice_text": [slice_text(w) for w in facet_slices(runs, facets)] if mode == "map"
-        else [""],
+        "slices": [{f: _key(v) for f, v in w.items()} for w in slices],
+        "slice_text": [slice_text(w) for w in slices], "recorded_steps": n_steps,
         "keys": keys, "coords": coords, "frames": frames, "metrics": metrics,
         "labels": {c: _label(c) for c in [*keys, *metrics, *(x and [x] or []), *(y and [y] or [])]},
         "cats": list(CATS), "regimes": list(REGIMES), "colors": [REGIME_COLORS[c] for c in CATS],
         "settings": settings_text(runs, skip=keys), "n_runs": len(runs),
         "seeds": f"{int(k.min())}" + ("" if k.min() == k.max() else f"–{int(k.max())}"),
-        "log": {a: bool(a in ("d", "signal_norm", "n", "snr", "lr")) for a in (x, y) if a},
+        "log": {a: _log_axis(a, v) for a, v in ((x, xs), (y, ys)) if a},
         "boundaries": bnd, "boundaries_s": round(time.perf_counter() - t0, 3),
-        "dynamics": _cell_dynamics(dyn, keys, index) if dyn is not None and keys else {},
+        "dynamics": _cell_dynamics(dyn, keys, index) if dyn is not None else {},
         "spec": manifest.get("spec"),
         "provenance": {k: v for k, v in manifest.items() if k not in ("spec", "history")},
         "history": manifest.get("history", []),

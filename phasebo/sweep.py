@@ -118,10 +118,14 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     if plots:  # last: the report shows the manifest's provenance and timings
         from .report_html import write_report
 
-        path, t_report = write_report(out_dir)
+        try:  # the runs and tables are saved: a report that fails must not lose them
+            path, t_report = write_report(out_dir)
+            report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
+                          f"{path.name})")
+        except Exception as e:  # noqa: BLE001 (said, never silent)
+            print(f"{spec.name}: report.html not written ({type(e).__name__}: {e}); the "
+                  f"results are saved; fix: phasebo report {out_dir}", file=sys.stderr)
         wall = time.time() - t_start
-        report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
-                      f"{path.name})")
     if not quiet:
         n_div = int((df["status"] == "diverged").sum())
         counts = df["regime"].value_counts()

@@ -184,3 +184,43 @@ def test_figures_leak_no_warning(three_axes):
         warnings.simplefilter("error")
         fig, _ = P.facet_maps(pb.load(three_axes), "signal_norm", "noise_ratio", "test_loss")
         P.plt.close(fig)
+
+
+def test_slice_names_keep_signs_and_digits_and_boundary_fits_need_positive_slices():
+    assert P.slice_tag({"d": 3.6e7}) == "d3.6e+07" and P.slice_tag({"x": 3.6e-7}) == "x3.6e-07"
+    assert P.slice_tag({"lr": 0.001}) != P.slice_tag({"lr": 0.0010001})
+    assert P.slice_tag({"d": 2000, "train": "W,p"}) == "d2000_trainW-p"
+    from phasebo.boundaries import power_law_row
+
+    b = pd.DataFrame({"weight_decay": [0.0, 0.1, 0.2], "boundary": [1.0, 2.0, 3.0],
+                      "lo": [0.9, 1.8, 2.7], "hi": [1.1, 2.2, 3.3], "status": "ok",
+                      "between": "benign/harmful"})
+    assert power_law_row(b, "snr", "weight_decay")["status"] == "too_few_slices"  # log 0
+
+
+def test_a_cases_sweep_with_an_axis_gets_no_map(tmp_path, capsys):
+    cases = [{"d": 48, "signal_norm": 1.0}, {"d": 64, "signal_norm": 9.0}]
+    plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime"}]}
+    spec = pb.spec_from_dict({k: v for k, v in BASE.items() if k != "lr"}, {"lr": [0.05, 0.1]},
+                             seeds=1, name="cases_axis", cases=cases, plot=plot)
+    run_sweep(spec, tmp_path / "ca", quiet=True)
+    assert not list((tmp_path / "ca").glob("heatmap_regime_d_vs_signal_norm*.png"))
+    assert "do not tile a map" in capsys.readouterr().err
+
+
+def test_a_derived_plot_axis_that_varies_is_kept(three_axes, capsys):
+    runs = pb.load(three_axes)
+    h = {"x": "snr", "y": "noise_ratio", "value": "regime"}
+    assert R._retarget(runs, h, "heatmap", 0) == ("heatmap", h)  # snr varies with signal_norm
+    assert capsys.readouterr().err == ""
+
+
+def test_the_fit_verdict_at_one_recorded_step(three_axes, tmp_path):
+    from phasebo.cli import boundaries_main
+
+    assert boundaries_main([str(three_axes), "--x", "signal_norm", "--y", "noise_ratio",
+                            "--by", "lr", "--step", "last", "--boot", "20", "--no-plots",
+                            "--out", str(tmp_path)]) == 0
+    fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_steps_last_fit.csv")
+    assert sorted(fit["lr"]) == [0.05, 0.1]  # one verdict per --by group
+    assert set(fit["status"]) <= {"ok", "scattered", "too_few_slices"}

@@ -143,3 +143,31 @@ def test_a_cases_report_in_a_real_browser(tmp_path, page_of):
     page.locator("#case1").click()
     page.wait_for_selector("#dyn_acc .main-svg", timeout=5000)
     assert page.errors == []
+
+
+def test_reports_of_every_sweep_shape(tmp_path):
+    """Several models (settings the other lacks are missing), a boolean axis, one axis, no axis:
+    the sweep writes its report, every cell is placed, nothing is NaN in the page's data."""
+    base = {k: v for k, v in BASE.items() if k not in ("d", "n")}
+    shapes = {
+        "models": pb.spec_from_dict({"steps": 20, "n_test": 64, "d": 48}, {}, seeds=2,
+                                    name="models", cases=[
+                                        {"model": "prompt_attention", "rho": 0.2, "n": 12},
+                                        {"model": "single_head", "n": 10}]),
+        "bool": pb.spec_from_dict({**base, "d": 48, "n": 12}, {"project": [True, False],
+                                                               "signal_norm": [1.0, 9.0]},
+                                  seeds=2, name="bool"),
+        "one": pb.spec_from_dict({**base, "d": 48, "n": 12}, {"signal_norm": [1.0, 9.0]},
+                                 seeds=2, name="one"),
+        "none": pb.spec_from_dict({**base, "d": 48, "n": 12}, {}, seeds=2, name="none"),
+    }
+    for name, spec in shapes.items():
+        run_sweep(spec, tmp_path / name, quiet=True)
+        assert (tmp_path / name / "report.html").exists(), name
+        D = report_data(tmp_path / name)
+        assert all(c is not None for c in D["frames"][-1]["code"]), name  # every cell placed
+        if D["mode"] == "map":
+            assert all(c[D["x"]] in D["xs"] for c in D["coords"])
+    assert report_data(tmp_path / "models")["mode"] == "cases"
+    assert report_data(tmp_path / "bool")["xs"] in (["false", "true"], [1.0, 9.0])
+    assert set(report_data(tmp_path / "none")["dynamics"]) == {"0"}  # clickable: its one cell

@@ -211,9 +211,15 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     with pd.option_context("display.width", 120, "display.max_rows", 400):
         print(b[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(summary(b, args.x, args.y))
-    if "step" not in b.columns:  # the fit and its verdict (ok, scattered, too_few_slices)
-        pd.DataFrame([power_law_row(b, args.x, args.y)]).to_csv(out / f"{stem}_fit.csv",
-                                                               index=False)
+    one_step = "step" not in b.columns or b["step"].nunique() == 1
+    if one_step:  # the fit and its verdict (ok, scattered, too_few_slices), per --by group
+        by = split(args.by)
+        groups = b.groupby(by, sort=True, dropna=False) if by else [((), b)]
+        rows = []
+        for key, g in groups:
+            key = key if isinstance(key, tuple) else (key,)
+            rows.append({**dict(zip(by, key)), **power_law_row(g, args.x, args.y)})
+        pd.DataFrame(rows).to_csv(out / f"{stem}_fit.csv", index=False)
     if not args.no_plots:
         from ..plot import boundary_figure, boundary_trajectory, save
 
@@ -229,7 +235,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         for fig, fname in figs:
             print("figure: " + ", ".join(map(str, save(fig, out / fname, formats))))
     print(f"table: {out / (stem + '.csv')}"
-          + ("" if "step" in b.columns else f"; fit: {out / (stem + '_fit.csv')}"))
+          + (f"; fit: {out / (stem + '_fit.csv')}" if one_step else ""))
     return 0
 
 

@@ -27,7 +27,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     from ..report_html import write_report
 
-    path, seconds = write_report(results, args.out)
+    if args.out and not Path(args.out).parent.exists():
+        print(f"{name}: error: --out {args.out!r}: no directory {Path(args.out).parent}; fix: "
+              "create it, or give a path in an existing one", file=sys.stderr)
+        return 2
+    try:
+        path, seconds = write_report(results, args.out)
+    except (ValueError, KeyError, OSError) as e:
+        print(f"{name}: error: {results}: the report could not be written ({type(e).__name__}: "
+              f"{e})", file=sys.stderr)
+        return 1
     size = path.stat().st_size / 2**20
     print(f"{path} ({size:.1f} MiB, written in {seconds:.1f} s)")
     return 0
