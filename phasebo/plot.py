@@ -58,6 +58,7 @@ from .plot_grid import (  # noqa: F401 (the grid helpers and overlays: re-export
     _seed_text,
     _seeds,
     _setup_axes,
+    _telling,
     _with_settings,
     facet_slices,
     is_grid,
@@ -419,21 +420,6 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
                  fontsize=10)
     fig.slices = slices
     return fig, axs
-
-
-def _telling(cells: pd.DataFrame, cases: Sequence[str], most: int = 4) -> list[str]:
-    """The few columns that tell the cases apart, in the order of a title (model, d, ‖μ‖, n, r,
-    ...): two, or more until every case has its own label, at most ``most``."""
-    order = sorted(cases, key=lambda a: TITLE_SETTINGS.index(a) if a in TITLE_SETTINGS
-                   else len(TITLE_SETTINGS))
-    keep: list[str] = []
-    for a in order:
-        if len(keep) >= most:
-            break
-        keep.append(a)
-        if len(keep) >= min(2, len(order)) and not cells.duplicated(keep).any():
-            break
-    return keep
 
 
 def cases_figure(df: pd.DataFrame, metrics: Sequence[str] = ("train_acc", "test_acc"),

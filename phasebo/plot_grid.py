@@ -123,6 +123,21 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
     return ", ".join(parts)
 
 
+def _telling(cells: pd.DataFrame, cases: Sequence[str], most: int = 4) -> list[str]:
+    """The few columns that tell the cases apart, in the order of a title (model, d, ‖μ‖, n, r,
+    ...): two, or more until every case has its own label, at most ``most``."""
+    order = sorted(cases, key=lambda a: TITLE_SETTINGS.index(a) if a in TITLE_SETTINGS
+                   else len(TITLE_SETTINGS))
+    keep: list[str] = []
+    for a in order:
+        if len(keep) >= most:
+            break
+        keep.append(a)
+        if len(keep) >= min(2, len(order)) and not cells.duplicated(keep).any():
+            break
+    return keep
+
+
 def slice_text(where: Mapping | None) -> str:
     """``r = 0.1, n = 20``: a slice in a title."""
     return ", ".join(f"{_short(a)} = {_num(v) if isinstance(v, (int, float, np.number)) else v}"
