@@ -494,12 +494,29 @@ def run_ids(model, constant: dict, varying: dict[str, np.ndarray], seeds: np.nda
     total = np.zeros(len(seeds), np.uint64)
     with np.errstate(over="ignore"):
         for name in identity_names(model):
+            s = model.settings[name]
             if name in varying:
-                total = total + setting_terms(model, name, varying[name])
-            else:
+                terms = setting_terms(model, name, varying[name])
+                if s.silent_default:
+                    terms = np.where(np.asarray(varying[name]) == s.default, np.uint64(0), terms)
+                total = total + terms
+            elif not (s.silent_default and constant[name] == s.default):
                 total = total + setting_terms(model, name, [constant[name]])[0]
         seed_term = _splitmix(np.asarray(seeds, np.uint64) + np.uint64(0x5EED))
         return (_splitmix(total ^ seed_term) & _MASK63).astype(np.int64)
+
+
+def key_ids(model, constant: dict, varying: dict[str, np.ndarray], seeds: np.ndarray) -> np.ndarray:
+    """The ids the runs' random keys derive from: their :func:`run_ids`, except that with
+    ``common_noise = AXIS`` the runs that differ only along ``AXIS`` share one (the id of the
+    run with ``AXIS`` left out), so they draw the same noise, labels, test set and W_0 — the
+    official code's ``np.random.seed(seed)`` along the signal axis. Each run's distribution is
+    unchanged; runs along the axis are correlated."""
+    axis = constant.get("common_noise", "none")
+    if axis in (None, "none") or axis not in model.settings:
+        return run_ids(model, constant, varying, seeds)
+    const = {**constant, axis: 0.0}
+    return run_ids(model, const, {k: v for k, v in varying.items() if k != axis}, seeds)
 
 
 def key_words(run_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -185,7 +185,13 @@ SAKAMOTO_SETTINGS = (
     Setting("signal_norm", 20.0, float, "swept", "signal norm ||mu||", positive),
     Setting("rho", 0.1, float, "swept", "Sakamoto weak-relevance factor rho", nonneg),
     Setting("sigma_eps", 1.0, float, "swept", "token noise standard deviation", positive),
+    Setting("common_noise", "none", str, "static",
+            "runs that differ only along this axis share their random draws (noise, labels, "
+            "test set, W_0), as the official code's seeded data: common random numbers along "
+            "signal_norm; none: every run independent", choices=("none", "signal_norm"),
+            silent_default=True),
 )
+COMMON_NOISE = SAKAMOTO_SETTINGS[8]
 
 
 def token_roles(T: int, n_relevant: int, n_weak: int, n_weak_opp: int) -> np.ndarray:
@@ -319,6 +325,7 @@ MAGEN_SETTINGS = (
             "(Magen et al.)", choices=("isotropic", "projected")),
     Setting("signal_noise", False, bool, "static",
             "add token noise to the signal token too (default: noise-free, as Magen et al.)"),
+    COMMON_NOISE,
 )
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from . import config as C
-from .config import key_words, run_ids
+from .config import key_ids, key_words
 from .grid import chunk_arrays, chunks, group_pieces, head
 from .plan import next_width
 from .registry import get_model, resolve_engine
@@ -367,7 +367,7 @@ def prepare_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     sw = {k: jax.numpy.asarray(v[0], np.int32 if np.issubdtype(np.asarray(v).dtype, np.integer)
                                else fdt) for k, v in sw.items()}
     if key is None:
-        hi, lo = key_words(run_ids(model, own, {}, np.asarray([seed])))
+        hi, lo = key_words(key_ids(model, own, {}, np.asarray([seed])))
         key = C.run_key(own["root_seed"], int(hi[0]), int(lo[0]))
     return model, engine, program, sw, key
 

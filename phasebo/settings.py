@@ -47,6 +47,9 @@ class Setting:
     choices: tuple | None = None
     identity: bool = True
     requires: tuple | None = None  # (setting, value) without which this one has no effect
+    # a setting added after runs were stored: at its default it leaves a run's id (and key)
+    # as it was, so earlier results directories and reference runs keep their runs
+    silent_default: bool = False
 
     def __post_init__(self):
         if self.kind not in ("static", "swept", "host", "key"):

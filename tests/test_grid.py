@@ -3,6 +3,8 @@
 import numpy as np
 from test_sweep import small_spec
 
+import phasebo as pb
+from phasebo import config as C
 from phasebo import grid as G
 from phasebo.config import spec_from_dict
 
@@ -45,3 +47,46 @@ def test_run_id_of_a_fixed_run_is_pinned():
     fixed = spec_from_dict({"model": "prompt_attention", "signal_norm": 10.0, "engine": "direct",
                             "record_every": 5}, seeds=2)
     assert G.spec_run_ids(fixed).tolist() == pinned
+
+
+def _cn_runs(tmp_path, mode, seeds, norms=(3.0, 3.001), engine="auto"):
+    from phasebo.sweep import run_sweep
+
+    base = {"n": 12, "n_test": 200, "T": 6, "d": 48, "steps": 30, "lr": 0.05,
+            "common_noise": mode, "engine": engine}
+    spec = pb.spec_from_dict(base, {"signal_norm": list(norms)}, seeds=seeds, name=f"cn_{mode}")
+    return run_sweep(spec, tmp_path / f"{mode}_{engine}", quiet=True, plots=False)
+
+
+def test_common_noise_shares_the_draws_along_the_signal_axis_only(tmp_path):
+    """With common_noise = "signal_norm" a seed's runs at ‖μ‖ 3 and 3.001 see the same noise,
+    labels and test set (their losses agree to ~1e-4); independent runs do not; the run ids
+    stay distinct, and common_noise = "none" keeps the ids runs had before it existed."""
+    shared = _cn_runs(tmp_path, "signal_norm", 4).sort_values(["seed", "signal_norm"])
+    indep = _cn_runs(tmp_path, "none", 4).sort_values(["seed", "signal_norm"])
+    for df, close in ((shared, True), (indep, False)):
+        a = df[df["signal_norm"] == 3.0]["train_loss"].to_numpy()
+        b = df[df["signal_norm"] == 3.001]["train_loss"].to_numpy()
+        assert (np.abs(a - b).max() < 1e-3) == close
+    assert shared["run_id"].nunique() == len(shared)
+    assert not set(shared["run_id"]) & set(indep["run_id"])
+    assert (shared["common_noise"] == "signal_norm").all()  # the results say which was used
+    model = pb.MODELS["prompt_attention"]
+    own = {k: s.default for k, s in model.settings.items()}
+    before = C.run_ids(model, {k: v for k, v in own.items() if k != "common_noise"} | {
+        "common_noise": "none"}, {}, np.arange(3))
+    assert (C.key_ids(model, own, {}, np.arange(3)) == before).all()
+
+
+def test_common_noise_leaves_each_cells_distribution_unchanged(tmp_path):
+    """Kolmogorov–Smirnov over 400 seeds: a cell's final metrics under shared noise against
+    independent runs (other keys, so two independent samples of each cell's law)."""
+    from scipy.stats import ks_2samp
+
+    shared = _cn_runs(tmp_path, "signal_norm", 400, norms=(3.0, 6.0))
+    indep = _cn_runs(tmp_path, "none", 400, norms=(3.0, 6.0))
+    for norm in (3.0, 6.0):
+        for m in ("train_loss", "test_acc", "train_acc"):
+            a = shared[shared["signal_norm"] == norm][m]
+            b = indep[indep["signal_norm"] == norm][m]
+            assert ks_2samp(a, b, method="asymp").pvalue > 1e-3, (norm, m)
