@@ -512,11 +512,17 @@ def key_ids(model, constant: dict, varying: dict[str, np.ndarray], seeds: np.nda
     run with ``AXIS`` left out), so they draw the same noise, labels, test set and W_0 — the
     official code's ``np.random.seed(seed)`` along the signal axis. Each run's distribution is
     unchanged; runs along the axis are correlated."""
-    axis = constant.get("common_noise", "none")
-    if axis in (None, "none") or axis not in model.settings:
-        return run_ids(model, constant, varying, seeds)
-    const = {**constant, axis: 0.0}
-    return run_ids(model, const, {k: v for k, v in varying.items() if k != axis}, seeds)
+    ids = run_ids(model, constant, varying, seeds)
+    if "common_noise" not in model.settings:
+        return ids
+    mode = np.broadcast_to(np.asarray(varying.get("common_noise",
+                                                  constant.get("common_noise", "none")),
+                                      dtype=object), (len(seeds),))
+    for axis in {str(m) for m in mode} - {"none"}:  # an axis of its own: run by run
+        const = {**constant, axis: 0.0}
+        shared = run_ids(model, const, {k: v for k, v in varying.items() if k != axis}, seeds)
+        ids = np.where(mode == axis, shared, ids)
+    return ids
 
 
 def key_words(run_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

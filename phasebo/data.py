@@ -185,7 +185,7 @@ SAKAMOTO_SETTINGS = (
     Setting("signal_norm", 20.0, float, "swept", "signal norm ||mu||", positive),
     Setting("rho", 0.1, float, "swept", "Sakamoto weak-relevance factor rho", nonneg),
     Setting("sigma_eps", 1.0, float, "swept", "token noise standard deviation", positive),
-    Setting("common_noise", "none", str, "static",
+    Setting("common_noise", "none", str, "host",
             "runs that differ only along this axis share their random draws (noise, labels, "
             "test set, W_0), as the official code's seeded data: common random numbers along "
             "signal_norm; none: every run independent", choices=("none", "signal_norm"),

@@ -1,6 +1,7 @@
 """The grid: a cell and a run index -> the run's settings and id (phasebo.grid, phasebo.config)."""
 
 import numpy as np
+import pandas as pd
 from test_sweep import small_spec
 
 import phasebo as pb
@@ -71,6 +72,17 @@ def test_common_noise_shares_the_draws_along_the_signal_axis_only(tmp_path):
     assert shared["run_id"].nunique() == len(shared)
     assert not set(shared["run_id"]) & set(indep["run_id"])
     assert (shared["common_noise"] == "signal_norm").all()  # the results say which was used
+    from phasebo.sweep import run_sweep  # as an axis: the same runs, run by run
+
+    base = {"n": 12, "n_test": 200, "T": 6, "d": 48, "steps": 30, "lr": 0.05}
+    both = run_sweep(pb.spec_from_dict(base, {"common_noise": ["none", "signal_norm"],
+                                              "signal_norm": [3.0, 3.001]}, seeds=4,
+                                       name="cn_axis"), tmp_path / "axis", quiet=True,
+                     plots=False)
+    key = ["common_noise", "seed", "signal_norm"]
+    got = both.sort_values(key)["train_loss"].to_numpy()
+    want = pd.concat([indep, shared]).sort_values(key)["train_loss"].to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
     model = pb.MODELS["prompt_attention"]
     own = {k: s.default for k, s in model.settings.items()}
     before = C.run_ids(model, {k: v for k, v in own.items() if k != "common_noise"} | {
