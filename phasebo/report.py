@@ -131,7 +131,7 @@ def _map(df, h: Mapping, ax=None):
                        ax=ax)
 
 
-def map_figures(df, h: Mapping, name: str) -> list[tuple[object, str]]:
+def map_figures(df, h: Mapping, name: str, cache: dict | None = None) -> list[tuple[object, str]]:
     """The figures of one map entry ``h`` as ``(fig, file stem)``: one map when only its two
     axes vary (after ``where``); small multiples, one panel per slice of the other varying axes,
     when there are at most :data:`phasebo.plot.MAX_PANELS` slices (``<name>_by_<axes>``); one
@@ -142,7 +142,16 @@ def map_figures(df, h: Mapping, name: str) -> list[tuple[object, str]]:
     sel = A.select(df, where)
     others = A.other_axes(sel, x, y)
     if not others:
-        return [(_map(df, h)[0], name)]
+        if cache is None:
+            return [(_map(df, h)[0], name)]
+        # the maps of one (x, y, where) share one aggregate (0.6 s each on 152,100 runs)
+        key = (x, y, repr(sorted(where.items())))
+        if key not in cache:
+            cells = A.aggregate(sel, by=[x, y])
+            if not _plot().is_grid(cells, x, y):
+                _plot().regime_map(sel, x, y)  # raises the refusal with its reason
+            cache[key] = cells
+        return [(_map(cache[key], {k: v for k, v in h.items() if k != "where"})[0], name)]
     slices = P.facet_slices(sel, others)
     if not all(P.is_grid(A.select(sel, w), x, y) for w in slices):
         raise ValueError(f"the ({x}, {y}) cells of a slice do not tile a map (a [[cases]] "
@@ -227,7 +236,7 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
     formats = tuple(spec.plot.get("formats", formats))
     dpi = int(spec.plot.get("dpi", dpi))
     heat, lines = wanted_figures(spec)
-    paths, used = [], set()
+    paths, used, cache = [], set(), {}
     if spec.cases and not heat and not lines and len(df) > 0:
         try:
             fig, _ = P.cases_figure(df)
@@ -244,7 +253,7 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
         stem = _stem(kind, h, used)
         try:
             if kind == "heatmap":
-                figs = map_figures(df, h, stem)
+                figs = map_figures(df, h, stem, cache)
             else:
                 figs = [(P.line_plot(df, h["x"], value, hue=h.get("hue"),
                                      where=h.get("where"))[0], stem)]
