@@ -398,19 +398,32 @@ def exponents_over_steps(b: pd.DataFrame, y: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-FIT_STATUSES = ("ok", "scattered", "too_few_slices")
+FIT_STATUSES = ("ok", "scattered", "grid_limited", "too_few_slices")
+
+
+def resolved(b: pd.DataFrame, y: str | None = None) -> pd.DataFrame:
+    """The slices a power law may go through: a finite boundary of status ok, unresolved or
+    separated, with a bounded interval (an unbounded one would weigh as much as the median point)
+    and, for ``y``, a positive slice value (log y)."""
+    keep = np.isfinite(b["boundary"].to_numpy(float)) & b["status"].astype(str).isin(
+        ("ok", "unresolved", "separated"))
+    if {"lo", "hi"} <= set(b.columns):
+        lo, hi = b["lo"].to_numpy(float), b["hi"].to_numpy(float)
+        keep &= np.isfinite(lo) & np.isfinite(hi) & (lo > 0)
+    if y is not None and y in b.columns:
+        keep &= b[y].to_numpy(float) > 0
+    return b[keep]
 
 
 def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     """The power-law fit of a boundary table as one row, with its verdict: ``status`` is
     ``too_few_slices`` (fewer than :data:`MIN_FIT_POINTS` resolved slices: no exponent is
     stated), ``scattered`` (χ²/dof above :data:`SCATTER`: the slices scatter about the fit more
-    than their intervals allow, so one power law does not describe the boundary) or ``ok``;
+    than their intervals allow, so one power law does not describe the boundary),
+    ``grid_limited`` (no slice is ``ok``: every boundary is only bracketed by the grid, so the
+    exponent is that of gap midpoints; refine the grid) or ``ok``;
     ``theory_exponent`` and ``theory_prefactor`` (its constant fitted) where a theory applies."""
-    usable = b[np.isfinite(b["boundary"].to_numpy(float))
-               & b["status"].astype(str).isin(("ok", "unresolved", "separated"))]
-    if y in usable.columns:  # a power law lives on positive slice values (log y)
-        usable = usable[usable[y].to_numpy(float) > 0]
+    usable = resolved(b, y)
     th = theory_exponent(x, y)
     row = {"between": str(b["between"].iloc[0]) if len(b) else "", "x": x, "slice": y,
            "n_slices": len(b), "n_points": len(usable), "exponent": np.nan, "lo": np.nan,
@@ -425,6 +438,9 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
         row["status"] = "too_few_slices"
         return row
     row["status"] = "scattered" if fit["chi2_dof"] > SCATTER else "ok"
+    if (usable["status"].astype(str) != "ok").all():
+        # every slice only bracketed by the grid: the fit runs through gap midpoints
+        row["status"] = "grid_limited"
     if th:
         row["theory_prefactor"] = fit_power_law(usable, y, exponent=th[0])["prefactor"]
     return row
@@ -448,24 +464,24 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
     counts = b["status"].astype(str).value_counts()
     lines = [f"boundary {b['between'].iloc[0]} along {x}, {len(b)} slices of {y}: "
              + ", ".join(f"{k} {v}" for k, v in counts.items() if v)]
-    usable = b[np.isfinite(b["boundary"].to_numpy(float))
-               & b["status"].astype(str).isin(("ok", "unresolved", "separated"))]
-    if len(usable) < MIN_FIT_POINTS:
-        lines.append(f"no power-law fit: {len(usable)} resolved slices, fewer than "
-                     f"{MIN_FIT_POINTS}")
+    row = power_law_row(b, x, y)
+    if row["status"] == "too_few_slices":
+        lines.append(f"no power-law fit: {row['n_points']} resolved slices with bounded "
+                     f"intervals, fewer than {MIN_FIT_POINTS}")
         return "\n".join(lines)
-    try:
-        fit = fit_power_law(b, y)
-    except ValueError as e:
-        lines.append(f"no power-law fit: {e}")
-        return "\n".join(lines)
+    fit = {k: row[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof", "n_points")}
     lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f} "
                  f"(95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; {fit['n_points']} points, "
                  f"chi2/dof {fit['chi2_dof']:.2f})")
-    if fit["chi2_dof"] > SCATTER:
+    if row["status"] == "scattered":
         lines.append(f"warning: the boundaries scatter about their fit {fit['chi2_dof']:.1f} "
                      "times more than their intervals allow: one power law does not describe "
                      "this boundary (it bends, or the slices differ)")
+    if row["status"] == "grid_limited":
+        lines.append("warning: no slice places its boundary (all separated or unresolved): the "
+                     "fit runs through the midpoints of grid gaps, so its exponent says little; "
+                     "fix: refine the grid around the boundary (phasebo sweep --refine)")
+        return "\n".join(lines)
     th = theory_exponent(x, y)
     if th is not None:
         inside = fit["lo"] <= th[0] <= fit["hi"]

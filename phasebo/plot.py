@@ -543,7 +543,7 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
     if fit is not None:
         ax.plot(fit["prefactor"] * ys ** fit["exponent"], ys, color=color, lw=1.2,
                 label=f"fit: exponent {fit['exponent']:.2f} [{fit['lo']:.2f}, {fit['hi']:.2f}]"
-                if band else f"fit (scattered): exponent {fit['exponent']:.2f}")
+                if band else f"fit (not trustworthy): exponent {fit['exponent']:.2f}")
     if fit is not None and band:  # no band for a scattered fit: its interval means nothing
         yc = float(np.exp(np.mean(np.log(yv))))
         xc = fit["prefactor"] * yc ** fit["exponent"]
@@ -573,7 +573,9 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
     note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (fewer "
                               "than 3)",
             "scattered": f"scattered: χ²/dof {row['chi2_dof']:.1f}, one power law does not "
-                         "describe this boundary"}.get(row["status"])
+                         "describe this boundary",
+            "grid_limited": "grid-limited: every boundary only bracketed by the grid (a fit "
+                            "through gap midpoints); refine the grid"}.get(row["status"])
     if note:
         ax.text(0.02, 0.02, note, transform=ax.transAxes, fontsize=7, va="bottom",
                 bbox={"facecolor": "white", "alpha": 0.85, "lw": 0})

@@ -100,8 +100,14 @@ def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping
     handles = [Line2D([], [], color=ROLE_COLORS[r], lw=2, label=ROLE_LABELS[r])
                for r in dict.fromkeys(roles)]
     axes[-1].legend(handles=handles, fontsize=8, loc="center right")
-    if own and title is None:
-        fig.suptitle(f"attention per token ({_run_title(d)})", fontsize=10)
+    if own:  # which run this is: its settings and seed, its own regime, and of how many
+        sel = A.select(dyn, where)
+        keys = [k for k in ("source", "run_id") if k in sel.columns]
+        n_runs = len(sel[keys].drop_duplicates()) if run is None else 1
+        own_reg = (f"; this run {str(d['regime'].iloc[-1]).replace('_', ' ')} at step "
+                   f"{int(d['step'].iloc[-1])}") if "regime" in d.columns else ""
+        fig.suptitle(f"attention per token ({_run_title(d)}{own_reg})"
+                     + (f" — 1 of the cell's {n_runs} runs" if n_runs > 1 else ""), fontsize=10)
     return fig, np.asarray(axes)
 
 
@@ -110,7 +116,9 @@ def _band(ax, d: pd.DataFrame, col: str, color, label, hue_keys=("source", "run_
     g = d.groupby("step")[col]
     m, lo, hi = g.mean(), g.min(), g.max()
     x = m.index.to_numpy()
-    ax.plot(x, m.to_numpy(), color=color, lw=1.8, label=label)
+    # dots at the recorded steps (a segment between two is not data)
+    ax.plot(x, m.to_numpy(), color=color, lw=1.8, label=label,
+            marker="o" if len(x) <= 60 else None, ms=2.5)
     if d["run_id"].nunique() > 1 or ("source" in d.columns and d["source"].nunique() > 1):
         ax.fill_between(x, lo.to_numpy(), hi.to_numpy(), color=color, alpha=0.2, lw=0)
 

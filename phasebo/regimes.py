@@ -13,7 +13,8 @@ A run's regime is a statement about one step ``t`` (its horizon, or a recorded s
 
 **Still fitting.** Let ``m(t)`` be the smallest training margin ``min_i y_i f(x_i)`` at step ``t``
 (negative while a label is unfitted) and ``t'`` an earlier step, ``t' <= t / 2`` (the run's middle
-step ``steps // 2`` at its horizon; the latest recorded step ``<= t / 2`` inside the dynamics).
+step ``steps // 2`` at its horizon, in the results and at the horizon's recorded step alike; the
+latest recorded step ``<= t / 2`` at the dynamics' earlier steps).
 Margins of attention models grow about linearly in ``log t`` (the attention gaps grow
 logarithmically), so the rule extrapolates the smallest margin linearly in ``log t`` by one
 decade::
@@ -156,6 +157,13 @@ def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame) -> pd.DataFrame:
     div = col("diverge_step", -1).astype(float)
     status = np.where((status != "ok") & ((div < 0) | (step >= div)), status, "ok").astype(object)
     prev_step, prev_margin = _previous_record(d)
+    # at the horizon the trend is read from the middle step, as the results table's regime is,
+    # so the last map over time and the map at the horizon are one map
+    horizon = col("steps", -1).astype(float)
+    mid = col("margin_mid", np.nan).astype(float)
+    at_h = (step == horizon) & np.isfinite(mid)
+    prev_step = np.where(at_h, np.floor(horizon / 2), prev_step)
+    prev_margin = np.where(at_h, mid, prev_margin)
     regime = classify_regime(d["train_acc"].to_numpy(float), d["test_acc"].to_numpy(float),
                              status, col("test_eps", 0.05).astype(float),
                              col("train_acc_fit", 1.0).astype(float), n_noisy=col("n_noisy", 1),

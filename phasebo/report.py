@@ -198,12 +198,13 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
                      "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, \
             "line"
     else:
-        print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} in this run "
-              "and no other axis varies; nothing to draw", file=sys.stderr)
+        print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} is the only "
+              "value in this sweep and no other axis varies; nothing to draw", file=sys.stderr)
         return None
     what = f"{new['y']} vs {new['x']}" if kind == "heatmap" else f"against {new['x']}"
-    print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} in this run, so "
-          f"it is drawn {what}", file=sys.stderr)
+    print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} is the only value "
+          f"in this sweep (fixed in the file or by --set), so it is drawn {what}",
+          file=sys.stderr)
     return kind, new
 
 

@@ -192,7 +192,10 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
         for _, r in t.iterrows():
             out.append({"between": f"{a} / {b}", "y": _key(r[y]),
                         "slice": {f: _key(r[f]) for f in facets},
-                        "boundary": _r(r["boundary"]), "lo": _r(r["lo"]), "hi": _r(r["hi"]),
+                        # a lower end at or below 0 on a positive axis is no bound
+                        "boundary": _r(r["boundary"]),
+                        "lo": _r(r["lo"]) if r["lo"] > 0 or runs[x].min() <= 0 else None,
+                        "hi": _r(r["hi"]),
                         "status": str(r["status"]), "n_seeds": int(r["n_seeds"])})
     return out
 

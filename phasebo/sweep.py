@@ -135,6 +135,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
               f"{stats.compile_s:.1f} s, run {stats.run_s:.1f} s ({rate_txt}), tables and "
               f"figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "
               f"device(s); regimes: {regimes}"
+              + (" (fitting: still fitting its flipped labels at the horizon)"
+                 if counts.get("fitting", 0) else "")
               + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
                  if n_div else "") + f"; results in {out_dir}", file=sys.stderr)
     return df

@@ -80,7 +80,8 @@ def test_a_plot_axis_fixed_by_set_draws_the_axes_that_vary(tmp_path, capsys):
     run_sweep(spec, tmp_path / "f", quiet=True)
     assert (tmp_path / "f" / "heatmap_regime_noise_ratio_vs_signal_norm.png").exists()
     err = capsys.readouterr().err
-    assert "d = 48 in this run, so it is drawn noise_ratio vs signal_norm" in err
+    assert "d = 48 is the only value in this sweep" in err
+    assert "so it is drawn noise_ratio vs signal_norm" in err
 
 
 def test_a_cases_sweep_gets_no_map_and_one_dynamics_line_per_case(tmp_path):
@@ -104,7 +105,7 @@ def test_a_cases_sweep_gets_no_map_and_one_dynamics_line_per_case(tmp_path):
     P.plt.close(fig)
 
 
-def _boundary_runs(slices, noise=0.0, seeds=6):
+def _boundary_runs(slices, noise=0.0, seeds=6, spread=0.4):
     """Planted boundaries: benign below x* = 10 · y^0.5 (times a slice's ``noise`` factor),
     harmful above, at 12 x values per slice."""
     rows, rng = [], np.random.default_rng(0)
@@ -112,7 +113,7 @@ def _boundary_runs(slices, noise=0.0, seeds=6):
         xstar = 10 * yv ** 0.5 * (1 + noise * (-1) ** i)
         for s in range(seeds):
             for xv in np.geomspace(1, 1000, 12):
-                shift = np.exp(rng.normal(0, 0.1))
+                shift = np.exp(rng.normal(0, spread))  # 0.4: regimes overlap, slices "ok"
                 rows.append({"signal_norm": xv, "d": yv, "seed": s,
                              "regime": "harmful" if xv > xstar * shift else "benign",
                              "status": "ok", "test_acc": 1.0})
@@ -224,3 +225,18 @@ def test_the_fit_verdict_at_one_recorded_step(three_axes, tmp_path):
     fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_steps_last_fit.csv")
     assert sorted(fit["lr"]) == [0.05, 0.1]  # one verdict per --by group
     assert set(fit["status"]) <= {"ok", "scattered", "too_few_slices"}
+
+
+def test_a_fit_through_grid_gaps_only_is_grid_limited():
+    """Every slice separated (its regimes do not overlap on the grid): the fit runs through gap
+    midpoints, which the verdict, the command's summary and the figure say."""
+    from phasebo.boundaries import power_law_row, summary
+
+    runs = _boundary_runs([25, 100, 400, 1600, 6400], seeds=10, spread=0.01)
+    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    assert set(b["status"]) <= {"separated", "unresolved", "all_A", "all_B"}
+    assert power_law_row(b, "signal_norm", "d")["status"] == "grid_limited"
+    assert "midpoints of grid gaps" in summary(b, "signal_norm", "d")
+    fig = P.boundary_figure(runs, b, "signal_norm", "d")
+    assert any("grid-limited" in t.get_text() for t in fig.axes[0].texts)
+    P.plt.close(fig)
