@@ -107,7 +107,7 @@
         text: bs.map((b) => `boundary ${words(between)} at ${label(D.y)} = ${fmt(b.y)}: ` +
                       `${fmt(b.boundary)} [${fmt(b.lo)}, ${fmt(b.hi)}] (${b.status}, ` +
                       `${b.n_seeds} seeds)`),
-        hovertemplate: "%{text}<extra></extra>", showlegend: k === visibleSlices()[0],
+        hovertemplate: "%{text}<extra></extra>", showlegend: false,
         visible: state.frame === D.frames.length - 1});
     }
     return out;
@@ -124,7 +124,9 @@
     document.getElementById("key").innerHTML = D.cats.map((c, i) => (seen.has(i) ||
       ["benign", "harmful", "not_overfitting"].includes(c)) ? `<span class="swatch" ` +
       `style="background:${D.colors[i]}"></span>${words(c)}${c === "mixed" ?
-      " (no majority)" : c === "fitting" ? " (still)" : ""}` : "").join(" ");
+      " (no majority)" : c === "fitting" ? " (still)" : ""}` : "").join(" ") +
+      (D.boundaries.length ? "&nbsp;&nbsp; ◆ boundary benign / harmful, ● benign / not " +
+       "overfitting (95% CI, at the horizon)" : "");
   }
 
   function drawMaps() {
@@ -142,8 +144,7 @@
         colorscale: colorscale(), zmin: -0.5, zmax: D.cats.length - 0.5, xgap: 1, ygap: 1,
         showscale: false, hoverongaps: false};
       const layout = {title: {text: D.slice_text[k] || "regime", font: {size: 13}},
-        margin: {l: 60, r: 10, t: 36, b: 50}, showlegend: true,
-        legend: {orientation: "h", y: -0.22, font: {size: 10}},
+        margin: {l: 60, r: 10, t: 36, b: 50}, showlegend: false,
         xaxis: {title: {text: label(D.x)}, ...ticks(D.xs), range: [-0.5, D.xs.length - 0.5]},
         yaxis: D.y ? {title: {text: label(D.y)}, ...ticks(D.ys),
                       range: [-0.5, D.ys.length - 0.5]}
