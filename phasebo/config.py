@@ -506,13 +506,15 @@ def run_ids(model, constant: dict, varying: dict[str, np.ndarray], seeds: np.nda
         return (_splitmix(total ^ seed_term) & _MASK63).astype(np.int64)
 
 
-def key_ids(model, constant: dict, varying: dict[str, np.ndarray], seeds: np.ndarray) -> np.ndarray:
+def key_ids(model, constant: dict, varying: dict[str, np.ndarray], seeds: np.ndarray,
+            ids: np.ndarray | None = None) -> np.ndarray:
     """The ids the runs' random keys derive from: their :func:`run_ids`, except that with
     ``common_noise = AXIS`` the runs that differ only along ``AXIS`` share one (the id of the
     run with ``AXIS`` left out), so they draw the same noise, labels, test set and W_0 — the
     official code's ``np.random.seed(seed)`` along the signal axis. Each run's distribution is
-    unchanged; runs along the axis are correlated."""
-    ids = run_ids(model, constant, varying, seeds)
+    unchanged; runs along the axis are correlated. ``ids``: the runs' ids when the caller has
+    them (hashed once per chunk, not twice)."""
+    ids = run_ids(model, constant, varying, seeds) if ids is None else ids
     if "common_noise" not in model.settings:
         return ids
     mode = np.broadcast_to(np.asarray(varying.get("common_noise",

@@ -128,7 +128,7 @@ def chunk_arrays(spec: SweepSpec, g, pieces: list, multiple: int = 1) -> tuple[d
         static = model.static_of(own)
         sw.update(model.derived(static, sw))
         sw["root_seed"] = np.broadcast_to(np.asarray(var.get("root_seed", own["root_seed"])), (B,))
-        hi, lo = key_words(key_ids(model, own, var, seeds))  # = ids unless common_noise
+        hi, lo = key_words(key_ids(model, own, var, seeds, ids))  # = ids unless common_noise
         sw["_hi"], sw["_lo"] = hi, lo
         for k, v in sw.items():
             sw_parts.setdefault(k, []).append(np.asarray(v))

@@ -273,6 +273,17 @@ def fixed_scale(value: str, lo: float) -> tuple[float, float] | None:
     return None
 
 
+def color_range(value: str, finite: np.ndarray, vmin=None, vmax=None):
+    """``(lo, hi, vmin, vmax)``: the data's range and the colour range of ``value`` — its fixed
+    scale (:func:`fixed_scale`) or the data's, unless ``vmin`` / ``vmax`` are given."""
+    lo = float(finite.min()) if finite.size else 0.0
+    hi = float(finite.max()) if finite.size else 1.0
+    fixed = fixed_scale(value, lo)
+    vmin = (fixed[0] if fixed else lo) if vmin is None else vmin
+    vmax = (fixed[1] if fixed else hi) if vmax is None else vmax
+    return lo, hi, vmin, vmax
+
+
 def range_text(lo: float, hi: float) -> str:
     """``lo–hi`` with the fewest significant digits (3 to 8) that tell them apart."""
     for digits in range(3, 9):
@@ -306,11 +317,7 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     logx = _auto_log(x, xs) if logx is None else logx
     logy = _auto_log(y, ys) if logy is None else logy
     fin = z[np.isfinite(z)]
-    lo = float(fin.min()) if fin.size else 0.0
-    hi = float(fin.max()) if fin.size else 1.0
-    fixed = fixed_scale(value, lo)
-    vmin = (fixed[0] if fixed else lo) if vmin is None else vmin
-    vmax = (fixed[1] if fixed else hi) if vmax is None else vmax
+    lo, hi, vmin, vmax = color_range(value, fin, vmin, vmax)
     vmax = vmax if vmax > vmin else vmin + 1e-9
     if lognorm is None:
         lognorm = "loss" in value and fin.size > 0 and lo > 0 and hi / lo > 10
@@ -393,11 +400,7 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
         cats = present_regimes(cells["regime"].astype(str))
     else:
         fin = cells[col].to_numpy(float)
-        fin = fin[np.isfinite(fin)]
-        lo, hi = (float(fin.min()), float(fin.max())) if fin.size else (0.0, 1.0)
-        fixed = fixed_scale(value, lo)
-        vmin = (fixed[0] if fixed else lo) if vmin is None else vmin
-        vmax = (fixed[1] if fixed else hi) if vmax is None else vmax
+        lo, hi, vmin, vmax = color_range(value, fin[np.isfinite(fin)], vmin, vmax)
     for ax, w in zip(axs.flat, slices):
         sub = A.select(cells, w)
         if value == "regime":

@@ -3,7 +3,7 @@
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("data").textContent);
-  const MAX_PANELS = 12;
+  const MAX_PANELS = D.max_panels;
   const ROLE_COLORS = {rel: "#009E73", weak: "#56B4E9", weak_opp: "#D55E00", irr: "#9a9a9a"};
   const RUN_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9",
                       "#F0E442", "#000000", "#999999", "#882255"];

@@ -33,6 +33,12 @@ LINE_KEYS = ("x", "value", "hue", "where")
 PLOT_KEYS = ("heatmaps", "lines", "formats", "dpi")
 
 
+def map_axes(axes) -> tuple[str, str]:
+    """The two axes a map draws from varying ``axes`` (longest first): ``signal_norm`` across
+    and ``d`` up when both vary, else the first two."""
+    return ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
+
+
 def default_heatmap_axes(spec) -> tuple[str, str] | None:
     """The two axes to map when the sweep file does not say: ``signal_norm`` on x and ``d`` on
     y when both are axes, else the two longest axes."""
@@ -148,8 +154,8 @@ def map_figures(df, h: Mapping, name: str, cache: dict | None = None) -> list[tu
         key = (x, y, repr(sorted(where.items())))
         if key not in cache:
             cells = A.aggregate(sel, by=[x, y])
-            if not _plot().is_grid(cells, x, y):
-                _plot().regime_map(sel, x, y)  # raises the refusal with its reason
+            if not P.is_grid(cells, x, y):
+                P.regime_map(sel, x, y)  # raises the refusal with its reason
             cache[key] = cells
         return [(_map(cache[key], {k: v for k, v in h.items() if k != "where"})[0], name)]
     slices = P.facet_slices(sel, others)
@@ -191,7 +197,7 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
     fixed = [f"{c} = {sel[c].iloc[0]}" for c in fixed]
     value = h.get("value", "regime" if kind == "heatmap" else "test_acc")
     if len(axes) >= 2 and kind == "heatmap":
-        x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
+        x, y = map_axes(axes)
         new = {**h, "x": x, "y": y}
     elif axes and (kind == "line" or value != "regime"):
         new, kind = {"x": axes[0], "value": "test_acc" if value == "regime" else value,
@@ -219,11 +225,16 @@ def _stem(kind: str, h: Mapping, used: set) -> str:
         stem += f"_{h['stat']}"
     if h.get("where"):
         stem += f"_{P.slice_tag(h['where'])}"
-    base, k = stem, 2
-    while stem in used:
-        stem, k = f"{base}_{k}", k + 1
-    used.add(stem)
-    return stem
+    return _unique(stem, used)
+
+
+def _unique(name: str, used: set) -> str:
+    """``name``, or ``name_2``, ``name_3``... if taken; recorded in ``used``."""
+    base, k = name, 2
+    while name in used:
+        name, k = f"{base}_{k}", k + 1
+    used.add(name)
+    return name
 
 
 def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=150) -> list[Path]:
@@ -261,12 +272,9 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
         except ValueError as e:
             print(f"phasebo.plot: skipped {kind} {value}: {e}", file=sys.stderr)
             continue
-        for fig, name in figs:
-            base, k = name, 2
-            while name in used and name != stem:  # a slice's file never replaces another's
-                name, k = f"{base}_{k}", k + 1
-            used.add(name)
-            paths += P.save(fig, out_dir / name, formats, dpi)
+        for fig, name in figs:  # a slice's file never replaces another's
+            paths += P.save(fig, out_dir / (name if name == stem else _unique(name, used)),
+                            formats, dpi)
         if kind == "heatmap" and value == "regime":
             paths += _regime_steps_figure(df, h, out_dir, formats, dpi)
     return paths
@@ -358,7 +366,7 @@ def _maps_or_lines(df, axes, out: Path, formats, dpi, step=None) -> list[Path]:
         return P.save(fig, out / f"{name}{tag}", formats, dpi)
 
     if len(axes) >= 2:
-        x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
+        x, y = map_axes(axes)
         if not P.is_grid(df, x, y) or not all(
                 P.is_grid(A.select(df, w), x, y)
                 for w in P.facet_slices(df, A.other_axes(df, x, y))):
@@ -432,8 +440,7 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
                 paths += P.save(fig, out / f"ss_{name}", formats, dpi)
         if len(axes) >= 2 and "regime" in pq_columns(results_dir / "dynamics.parquet") \
                 and dyn["step"].nunique() > 1:
-            x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0],
-                                                                                   axes[1])
+            x, y = map_axes(axes)
             slices = P.facet_slices(runs, A.other_axes(runs, x, y))
             if all(P.is_grid(A.select(runs, w), x, y) for w in slices):
                 for w in slices:

@@ -33,8 +33,9 @@ import pandas as pd
 
 from . import analysis as A
 from .plot_grid import facet_slices, is_grid, settings_text, slice_text
-from .plot_style import LABELS, REGIME_COLORS, _label
+from .plot_style import REGIME_COLORS, ROLE_LABELS, _label
 from .regimes import REGIMES
+from .report import map_axes, pq_columns
 
 MAX_PANELS = 12  # more slices than this: a menu picks the panel
 MAX_RUN_LINES = 10  # runs drawn per clicked cell
@@ -208,7 +209,7 @@ def report_data(results_dir) -> dict:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     axes = _axes(runs)
     if len(axes) >= 2:
-        x, y = ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
+        x, y = map_axes(axes)
     else:
         x, y = (axes[0] if axes else None), None
     mode = "map" if x is not None and (y is None or is_grid(runs, x, y)) else "cases"
@@ -235,8 +236,6 @@ def report_data(results_dir) -> dict:
         runs["steps"].nunique() == 1 else None
     # a regime at each recorded step only when the dynamics file has one (loading joins the
     # final regime onto every step otherwise, which would replay the horizon)
-    from .report import pq_columns
-
     if dyn is not None and "regime" in pq_columns(dyn_path) and dyn["step"].nunique() > 1:
         dm = [m for m in metrics if m in dyn.columns]
         steps = np.unique(dyn["step"].to_numpy(np.int64))
@@ -254,14 +253,13 @@ def report_data(results_dir) -> dict:
     t0 = time.perf_counter()
     bnd = _boundaries(runs, x, y, facets) if mode == "map" else []
     k = final["n_seeds"]
-    n_steps = int(dyn["step"].nunique()) if dyn is not None else 0
     return {
         "name": manifest.get("name", results_dir.name), "mode": mode, "x": x, "y": y,
         "xs": [_key(v) for v in xs], "ys": [_key(v) for v in ys], "facets": facets,
         "slices": [{f: _key(v) for f, v in w.items()} for w in slices],
-        "slice_text": [slice_text(w) for w in slices], "recorded_steps": n_steps,
+        "slice_text": [slice_text(w) for w in slices], "max_panels": MAX_PANELS,
         "keys": keys, "coords": coords, "frames": frames, "metrics": metrics,
-        "labels": {c: _label(c) for c in [*keys, *metrics, *(x and [x] or []), *(y and [y] or [])]},
+        "labels": {c: _label(c) for c in [*keys, *metrics]},
         "cats": list(CATS), "regimes": list(REGIMES), "colors": [REGIME_COLORS[c] for c in CATS],
         "settings": settings_text(runs, skip=keys), "n_runs": len(runs),
         "seeds": f"{int(k.min())}" + ("" if k.min() == k.max() else f"–{int(k.max())}"),
@@ -271,9 +269,7 @@ def report_data(results_dir) -> dict:
         "spec": manifest.get("spec"),
         "provenance": {k: v for k, v in manifest.items() if k not in ("spec", "history")},
         "history": manifest.get("history", []),
-        "role_labels": {"rel": "relevant", "weak": "weakly relevant",
-                        "weak_opp": "weak, opposite class", "irr": "irrelevant"},
-        "legend_labels": {c: LABELS.get(c, c) for c in metrics},
+        "role_labels": ROLE_LABELS,
     }
 
 
