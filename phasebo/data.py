@@ -63,6 +63,9 @@ class Batch(NamedTuple):
     y_clean: jax.Array  # (n,) clean labels
     flipped: jax.Array  # (n,) bool
     z: jax.Array | None = None  # standard normals of an exact projected test set, drawn once
+    # the noise part of X (X = noise + signal on e1, e2), where a span engine needs it apart:
+    # runs that share their noise share its Gram (phasebo.engines.span.LowRank)
+    noise: jax.Array | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,6 +241,7 @@ def sakamoto_sample(
         if noise_mode == "projected":
             noise = project_off_signal(noise)
         X = noise + embed_signal(signal, d)
+        return Batch(X, signal, y, y_clean, flipped, noise=noise)
     return Batch(X, signal, y, y_clean, flipped)
 
 
@@ -282,9 +286,9 @@ def sakamoto_reduced_sample(key, n: int, d: int, roles, sw: dict, *, label_mode,
     z = jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype)  # one draw: e1, e2 and the factor
     e12 = sigma * z[: 2 * N].reshape(n, T, 2)
     L = sigma * bartlett_factor(k_perp, N, d - 2, dtype, z=z[2 * N :], k_traced=sw["dim"] - 2)
-    X = jnp.concatenate(
-        [base.signal + e12, L.reshape(n, T, -1), jnp.zeros((n, T, 1), dtype)], axis=-1)
-    return base._replace(X=X)
+    rest = [L.reshape(n, T, -1), jnp.zeros((n, T, 1), dtype)]
+    X = jnp.concatenate([base.signal + e12, *rest], axis=-1)
+    return base._replace(X=X, noise=jnp.concatenate([e12, *rest], axis=-1))
 
 
 def sakamoto_reduced_init(key, d: int, N: int, init: str, init_scale, dtype, dim) -> jax.Array:

@@ -35,7 +35,7 @@ import numpy as np
 
 from . import config as C
 from .config import key_ids, key_words
-from .grid import chunk_arrays, chunks, group_pieces, head
+from .grid import chunk_arrays, chunks, group_pieces, select
 from .plan import next_width
 from .registry import get_model, resolve_engine
 from .results import done_run_ids, output_columns, rows, write_table_atomic
@@ -60,16 +60,30 @@ def _one_run(a, model, engine, program):
     return engine.run(model, program, sw, k)
 
 
-def _block(arrays, model, engine, program, block: int, n_dev: int):
-    """``arrays (block * n_dev,) -> RunOutput`` with that leading axis: one vmapped block of
-    ``block`` runs on each of ``n_dev`` devices."""
+def _one_group(a, model, engine, program, axis: str):
+    """The runs of one noise group: one key, ``a[axis]: (members,)``, every other value shared.
+    vmapped over the axis alone, so everything drawn from the key (the noise, its Gram, W_0) is
+    computed once and the engine's products with it batch into matrix products."""
+    jax = _jax()
+    k = C.run_key(a["root_seed"], a["_hi"], a["_lo"])
+    shared = {n: v for n, v in a.items() if n not in ("root_seed", "_hi", "_lo", axis)}
+    return jax.vmap(lambda v: engine.run(model, program, {**shared, axis: v}, k))(a[axis])
+
+
+def _block(arrays, model, engine, program, block: int, n_dev: int, axis: str | None = None):
+    """``arrays (block * n_dev, ...) -> RunOutput`` with one row per run: one vmapped block of
+    ``block`` runs (or, with ``axis``, noise groups: rows group-major) on each of ``n_dev``
+    devices."""
     jax = _jax()
     sink = _TRACE_SINK.get()
     if sink is not None:  # runs at trace time only
         sink[0] += 1
 
     def local(a):
-        return jax.vmap(lambda r: _one_run(r, model, engine, program))(a)
+        if axis is None:
+            return jax.vmap(lambda r: _one_run(r, model, engine, program))(a)
+        out = jax.vmap(lambda r: _one_group(r, model, engine, program, axis))(a)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
 
     if n_dev == 1:
         return local(arrays)
@@ -145,7 +159,7 @@ class _Progress:
 
 
 def _program_key(g, n_dev: int) -> tuple:
-    return (g.model.name, g.engine.name, g.program, g.block, n_dev)
+    return (g.model.name, g.engine.name, g.program, g.block, n_dev, g.axis, g.members)
 
 
 class Executor:
@@ -164,7 +178,8 @@ class Executor:
         (traced, not compiled)."""
         jax = _jax()
         # a new jit wrapper of the same function shares JAX's trace and executable caches
-        fn = jax.jit(_block, static_argnames=("model", "engine", "program", "block", "n_dev"))
+        fn = jax.jit(_block, static_argnames=("model", "engine", "program", "block", "n_dev",
+                                              "axis"))
         unit = g.block * n_dev
         shapes = {n: jax.ShapeDtypeStruct((unit,) + v.shape[1:], v.dtype)
                   for n, v in arrays.items()}
@@ -172,7 +187,7 @@ class Executor:
         token = _TRACE_SINK.set(sink)
         try:
             lowered = fn.lower(shapes, model=g.model, engine=g.engine, program=g.program,
-                               block=g.block, n_dev=n_dev)
+                               block=g.block, n_dev=n_dev, axis=g.axis)
         finally:
             _TRACE_SINK.reset(token)
         self.traces[_program_key(g, n_dev)] += sink[0]
@@ -186,10 +201,11 @@ class Executor:
 
     @staticmethod
     def compute(compiled, arrays: dict, unit: int, stop=None, done=None) -> tuple:
-        """``(host outputs, runs computed)`` of a chunk's arrays (a multiple of ``unit`` runs)
-        through a compiled block function, :data:`IN_FLIGHT` blocks dispatched ahead; ``stop()``
-        true before a dispatch ends the chunk early (the blocks already dispatched finish);
-        ``done(unit)`` is called as each block's outputs arrive (progress)."""
+        """``(host outputs, items computed)`` of a chunk's arrays (a multiple of ``unit`` items:
+        runs, or noise groups) through a compiled block function, :data:`IN_FLIGHT` blocks
+        dispatched ahead; ``stop()`` true before a dispatch ends the chunk early (the blocks
+        already dispatched finish); ``done(unit)`` is called as each block's outputs arrive
+        (progress)."""
         jax = _jax()
         n = len(next(iter(arrays.values())))
         outs, pending = [], collections.deque()
@@ -236,11 +252,11 @@ class Executor:
             width = [g.width]  # the chunk loop resizes it as it measures
             stream = chunks(group_pieces(spec, g, done, share), lambda w=width: w[0])
             first = next(stream)
-            arrays, cols = chunk_arrays(spec, g, first, g.block * pl.n_dev)
-            lowered = self.lower(g, arrays, pl.n_dev)
+            prepared = chunk_arrays(spec, g, first, g.block * pl.n_dev)
+            lowered = self.lower(g, prepared[0], pl.n_dev)
             columns |= output_columns(g.model, lowered.out_info)
             active.append((g, n_todo, lowered, width,
-                           itertools.chain([(first, arrays, cols)], stream)))
+                           itertools.chain([(first, *prepared)], stream)))
         stats.compile_s += time.perf_counter() - t
         if check_columns is not None and active:
             check_columns(columns)
@@ -254,8 +270,10 @@ class Executor:
         try:
             for k, (g, n_todo, lowered, width, stream) in enumerate(active):
                 unit = g.block * n_dev
+                block = f"{g.block}" if g.members == 1 else \
+                    f"{g.block} noise group(s) of {g.members} runs"
                 bar.say(f"compiling group {k + 1}/{len(active)}: {g.label}, {n_todo} runs, block "
-                        f"{g.block} x {n_dev} device(s), first chunk {g.width}")
+                        f"{block} x {n_dev} device(s), first chunk {g.width}")
                 t = time.perf_counter()
                 compiled = self.compile(g, lowered, n_dev)
                 stats.compile_s += time.perf_counter() - t
@@ -266,21 +284,28 @@ class Executor:
                     if max_chunks is not None and stats.chunks >= max_chunks:
                         stats.stopped = True
                         return
-                    pieces, arrays, cols = item if isinstance(item, tuple) else \
+                    pieces, arrays, cols, slots = item if isinstance(item, tuple) else \
                         (item, *chunk_arrays(spec, g, item, unit))
                     n_real = sum(len(j) for _, j in pieces)
                     left = [n_real]
 
                     def tick(m, left=left):  # the bar counts real runs, not the padding
+                        m *= g.members
                         bar.update(min(m, left[0]))
                         left[0] -= min(m, left[0])
 
                     t = time.perf_counter()
                     interrupted.saving = True  # a Ctrl-C from here on stops after the writes
                     out, m = self.compute(compiled, arrays, unit, lambda: interrupted.stop, tick)
-                    if m < n_real:  # stopped early: keep the blocks that were computed
-                        cols = chunk_arrays(spec, g, head(pieces, m), unit)[1] if m else []
-                    width[0] = next_width(g, n_dev, m, time.perf_counter() - t)
+                    # the rows computed, in run order: padding dropped, noise groups unfolded
+                    slot = np.arange(n_real) if slots is None else slots
+                    kept = slot < m * g.members
+                    if out is not None and slots is not None:
+                        out = _jax().tree.map(lambda x, i=slot[kept]: np.asarray(x)[i], out)
+                    if not kept.all():  # stopped early: keep the blocks that were computed
+                        cols = chunk_arrays(spec, g, select(pieces, kept), unit)[1] \
+                            if kept.any() else []
+                    width[0] = next_width(g, n_dev, int(kept.sum()), time.perf_counter() - t)
                     if cols:
                         self._write(spec, g, cols, out, parts, stats)
                     interrupted.saving = False
@@ -342,7 +367,7 @@ def traced_columns(pl) -> set[str]:
     jax = _jax()
     cols: set[str] = set()
     for g in pl.groups:
-        arrays, _ = chunk_arrays(pl.spec, g, [(g.cells[0], np.arange(1))], 1)
+        arrays = chunk_arrays(pl.spec, g, [(g.cells[0], np.arange(1))], 1)[0]
         one = {k: jax.ShapeDtypeStruct((), v.dtype) for k, v in arrays.items()}
         out = jax.eval_shape(lambda a, g=g: _one_run(a, g.model, g.engine, g.program), one)
         cols |= output_columns(g.model, out)

@@ -28,20 +28,37 @@ def own_settings(cell: Cell) -> tuple:
     return model, own
 
 
+def shared_axis(cell: Cell) -> str | None:
+    """The swept axis along which the cell's runs share their noise (``common_noise``, set as a
+    constant), or None."""
+    axis = cell.settings.get("common_noise", "none")
+    return axis if isinstance(axis, str) and axis in cell.swept_axes else None
+
+
 def cell_runs(spec: SweepSpec, cell: Cell, j: np.ndarray) -> dict:
-    """Settings that vary inside ``cell`` for its local run indices ``j`` (seeds fastest, then
-    the swept axes in file order, the last fastest): ``seed`` and one array per swept axis."""
+    """Settings that vary inside ``cell`` for its local run indices ``j``: ``seed`` and one array
+    per swept axis. Order: seeds fastest, then the swept axes in file order, the last fastest;
+    with noise shared along an axis (:func:`shared_axis`) that axis comes first, so the runs that
+    share their noise are consecutive."""
     j = np.asarray(j, np.int64)
-    out = {"seed": j % spec.seeds}
+    out = {}
+    first = shared_axis(cell)
+    if first is not None:
+        m = len(spec.axes[first])
+        out[first] = _values(spec.axes[first])[j % m]
+        j = j // m
+    out["seed"] = j % spec.seeds
     combo = j // spec.seeds
-    shape = [len(spec.axes[a]) for a in cell.swept_axes]
-    if shape:
-        idx = np.unravel_index(combo, shape)
-        for a, i in zip(cell.swept_axes, idx):
-            vals = spec.axes[a]
-            out[a] = np.asarray(vals, dtype=object if isinstance(vals[0], (tuple, str))
-                                else None)[i]
+    rest = [a for a in cell.swept_axes if a != first]
+    if rest:
+        idx = np.unravel_index(combo, [len(spec.axes[a]) for a in rest])
+        for a, i in zip(rest, idx):
+            out[a] = _values(spec.axes[a])[i]
     return out
+
+
+def _values(vals) -> np.ndarray:
+    return np.asarray(vals, dtype=object if isinstance(vals[0], (tuple, str)) else None)
 
 
 def cell_run_ids(spec: SweepSpec, cell: Cell, j: np.ndarray) -> np.ndarray:
@@ -97,21 +114,71 @@ def chunks(pieces: Iterator, width) -> Iterator[list]:
         yield cur
 
 
-def head(pieces: list, m: int) -> list:
-    """The first ``m`` runs of a chunk's pieces."""
-    out = []
+def select(pieces: list, keep: np.ndarray) -> list:
+    """The runs of a chunk's pieces where ``keep`` (over the chunk's runs, in order) is true."""
+    out, i = [], 0
     for cell, j in pieces:
-        if m <= 0:
-            break
-        out.append((cell, j[:m]))
-        m -= len(j)
+        k = keep[i:i + len(j)]
+        i += len(j)
+        if k.any():
+            out.append((cell, j[k]))
     return out
 
 
-def chunk_arrays(spec: SweepSpec, g, pieces: list, multiple: int = 1) -> tuple[dict, list]:
-    """Host arrays of a chunk, padded to a multiple of ``multiple`` runs (whole blocks): the
-    swept and derived values, the root seeds and the run-id words; plus, per piece, its settings
-    columns for the rows."""
+def chunk_arrays(spec: SweepSpec, g, pieces: list, multiple: int = 1) -> tuple:
+    """Host arrays of a chunk, padded to whole blocks of ``multiple``; per piece, its settings
+    columns for the rows; and where each run's outputs will be.
+
+    Run by run (``g.members == 1``): every array is ``(runs,)``, padded with the last run; the
+    outputs are in run order (``slots`` None). Grouped (noise shared along ``g.axis``): the runs
+    that share their key are one group of ``g.members`` slots, the axis' values ``(groups,
+    members)`` and every other value ``(groups,)`` (checked equal within a group); a group short
+    of members (a resumed or grown sweep) repeats its first run in the empty slots, and
+    ``slots[i]`` is the output row of run ``i``."""
+    arrays, cols = _run_arrays(spec, g, pieces)
+    if g.members == 1:
+        return _pad(arrays, multiple), cols, None
+    M, axis = g.members, g.axis
+    key = arrays["_hi"].astype(np.uint64) << np.uint64(32) | arrays["_lo"].astype(np.uint64)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # groups in order of their first run
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    grp = rank[inv.reshape(-1)]
+    by = np.argsort(grp, kind="stable")  # runs by group, in run order inside each
+    counts = np.bincount(grp, minlength=len(order))
+    pos = np.empty(len(grp), np.int64)  # a run's place inside its group
+    pos[by] = np.arange(len(grp)) - np.repeat(np.cumsum(counts) - counts, counts)
+    if counts.max(initial=0) > M:
+        raise RuntimeError(f"a noise group holds {counts.max()} runs but {axis} has {M} values")
+    lead = first[order]  # the first run of each group
+    out = {}
+    for k, v in arrays.items():
+        if k == axis:
+            a = np.repeat(v[lead][:, None], M, axis=1)
+            a[grp, pos] = v
+        else:
+            a = v[lead]
+            if not np.array_equal(a[grp], v, equal_nan=v.dtype.kind == "f"):
+                raise RuntimeError(f"{k} differs between runs that share their noise along "
+                                   f"{axis}; it must be one value per noise group")
+        out[k] = a
+    return _pad(out, multiple), cols, grp * M + pos
+
+
+def _pad(arrays: dict, multiple: int) -> dict:
+    """Pad the leading axis to a multiple of ``multiple`` with its last entry (whole blocks:
+    the compiled shape)."""
+    out = {}
+    for k, a in arrays.items():
+        pad = -len(a) % multiple
+        out[k] = np.concatenate([a, np.repeat(a[-1:], pad, axis=0)]) if pad else a
+    return out
+
+
+def _run_arrays(spec: SweepSpec, g, pieces: list) -> tuple[dict, list]:
+    """``(arrays (runs,), cols)`` of a chunk's runs: the swept and derived values, the root
+    seeds and the run-id words."""
     model = g.model
     sw_parts: dict[str, list] = {}
     cols = []
@@ -136,9 +203,6 @@ def chunk_arrays(spec: SweepSpec, g, pieces: list, multiple: int = 1) -> tuple[d
     arrays = {}
     for k, v in sw_parts.items():
         a = np.concatenate(v)
-        pad = -len(a) % multiple
-        if pad:  # pad with the last run (whole blocks: the compiled shape)
-            a = np.concatenate([a, np.repeat(a[-1:], pad)])
         if k in ("root_seed",):
             a = a.astype(np.int32)
         elif k in ("_hi", "_lo"):

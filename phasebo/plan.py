@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from .config import SweepSpec
-from .grid import own_settings
+from .grid import own_settings, shared_axis
 from .registry import resolve_engine
 from .settings import ConfigError
 
@@ -59,12 +59,18 @@ class Group:
     engine: object
     program: object
     cells: list
+    axis: str | None = None  # noise shared along this axis, stepped together (grouped mode)
+    members: int = 1  # runs per noise group (the axis' values), 1 run by run
     n_runs: int = 0
-    bytes_per_run: int = 0
+    bytes_per_run: int = 0  # per vmapped item: a run, or a noise group of `members` runs
     cost_per_run: float = 0.0
-    block: int = 1  # runs vmapped together per device: the compiled shape
-    width: int = 1  # runs in the first chunk (a multiple of block x devices)
+    block: int = 1  # items (runs or noise groups) vmapped together per device: compiled shape
+    width: int = 1  # runs in the first chunk (a multiple of unit_runs)
     fixed: bool = False  # chunk width given by the user: not resized by measurement
+
+    def unit_runs(self, n_dev: int) -> int:
+        """Runs in one dispatch of the compiled function (a block per device)."""
+        return self.block * self.members * n_dev
 
     @property
     def label(self) -> str:
@@ -113,17 +119,19 @@ def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None
     per_dev = budget / n_dev
     if g.bytes_per_run > per_dev:
         p = g.program
+        what = "one run" if g.members == 1 else f"one noise group ({g.members} runs)"
         shape = ", ".join(f"{k} = {getattr(p, k)}" for k in ("d", "n", "T", "n_test")
                           if hasattr(p, k))
         raise ConfigError(
-            f"one run of {g.model.name} needs about {g.bytes_per_run / 2**30:.2f} GiB ({shape}) "
+            f"{what} of {g.model.name} needs about {g.bytes_per_run / 2**30:.2f} GiB ({shape}) "
             f"but the memory budget is {per_dev / 2**30:.2f} GiB per device; fix: lower d, n or "
             "n_test, use test_mode = \"projected\", or raise --memory-budget")
-    hint = block_size or g.engine.block_size(g.model, g.program, platform)
+    hint = block_size or (g.engine.block_size(g.model, g.program, platform) if g.members == 1
+                          else g.engine.group_block_size(g.model, g.program, platform, g.members))
     g.block = max(1, min(hint, int(per_dev // max(g.bytes_per_run, 1))))
     if chunk_size is not None:  # a forced chunk smaller than a block shrinks the block
-        g.block = max(1, min(g.block, chunk_size // n_dev))
-    unit = g.block * n_dev
+        g.block = max(1, min(g.block, chunk_size // (n_dev * g.members)))
+    unit = g.unit_runs(n_dev)
     whole = unit * math.ceil(g.n_runs / unit)  # the group in whole blocks
     if chunk_size is not None:
         g.fixed = True
@@ -137,7 +145,7 @@ def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None
 def next_width(g: Group, n_dev: int, n_runs: int, seconds: float) -> int:
     """The next chunk's width once a chunk of ``n_runs`` runs took ``seconds`` to compute:
     about :data:`CHUNK_SECONDS` of work, in whole blocks."""
-    unit = g.block * n_dev
+    unit = g.unit_runs(n_dev)
     if g.fixed or seconds <= 0:
         return g.width
     k = int(CHUNK_SECONDS * n_runs / seconds) // unit
@@ -176,14 +184,23 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
         static = model.static_of(own)
         engine = resolve_engine(model, static)
         program = engine.program(model, static)
-        key = (model.name, engine.name, program)
+        axis = shared_axis(cell) if engine.steps_shared_noise else None
+        members = len(spec.axes[axis]) if axis else 1
+        key = (model.name, engine.name, program, axis, members)
         g = groups.get(key)
         if g is None:
-            g = groups[key] = Group(model, engine, program, [])
+            g = groups[key] = Group(model, engine, program, [], axis, members)
         g.cells.append(cell)
         g.n_runs += per_cell
-        g.bytes_per_run = max(g.bytes_per_run, engine.bytes_per_run(model, static))
-        g.cost_per_run = max(g.cost_per_run, engine.cost_per_run(model, static))
+        item = engine.bytes_per_run(model, static)
+        if members > 1:  # the shared part once, each member's own part
+            item += (members - 1) * engine.member_bytes(model, static)
+        g.bytes_per_run = max(g.bytes_per_run, item)
+        cost = engine.cost_per_run(model, static)
+        if members > 1:  # what a run shares with its group counted once per group
+            own = engine.member_cost(model, static)
+            cost = own + (cost - own) / members
+        g.cost_per_run = max(g.cost_per_run, cost)
     out = list(groups.values())
     for g in out:
         size_group(g, n_dev, budget, plat, chunk_size, block_size)
@@ -233,7 +250,9 @@ def describe(pl: Plan, out: Path) -> str:
     for g in pl.groups:
         t = g.n_runs * g.cost_per_run / (rate(g.engine.name, pl.platform) * pl.n_dev)
         total_t += t + COMPILE_SECONDS
-        lines.append(f"  {g.label}: {g.n_runs} runs in {len(g.cells)} cell(s); block {g.block}, "
+        block = f"{g.block}" if g.members == 1 else \
+            f"{g.block} noise group(s) of {g.members} runs (shared along {g.axis})"
+        lines.append(f"  {g.label}: {g.n_runs} runs in {len(g.cells)} cell(s); block {block}, "
                      f"first chunk {g.width}; memory ~{g.block * g.bytes_per_run / 2**20:.1f} MiB per "
                      f"device; ~{fmt_time(t)}")
     lines.append(f"  estimated time ~{fmt_time(total_t)} (cost model of `phasebo bench`), tables "

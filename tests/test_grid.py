@@ -102,3 +102,69 @@ def test_common_noise_leaves_each_cells_distribution_unchanged(tmp_path):
             a = shared[shared["signal_norm"] == norm][m]
             b = indep[indep["signal_norm"] == norm][m]
             assert ks_2samp(a, b, method="asymp").pvalue > 1e-3, (norm, m)
+
+
+def test_shared_noise_runs_consecutively_and_groups_in_the_plan():
+    """With noise shared along ‖μ‖ the axis is the fastest index, so a chunk holds whole noise
+    groups; the span engines step each group as one vmapped unit (the plan says so), the direct
+    engine run by run."""
+    from phasebo.plan import plan
+
+    spec = spec_from_dict({"d": 48, "common_noise": "signal_norm"},
+                          {"signal_norm": [3.0, 6.0, 9.0]}, seeds=2)
+    var = G.cell_runs(spec, next(spec.cells()), np.arange(6))
+    assert var["signal_norm"].tolist() == [3.0, 6.0, 9.0] * 2
+    assert var["seed"].tolist() == [0, 0, 0, 1, 1, 1]
+    g = plan(spec).groups[0]
+    assert (g.engine.name, g.axis, g.members, g.unit_runs(1)) == ("reduced", "signal_norm", 3,
+                                                                  3 * g.block)
+    direct = plan(spec_from_dict({"d": 48, "common_noise": "signal_norm", "engine": "direct"},
+                                 {"signal_norm": [3.0, 6.0]})).groups[0]
+    assert (direct.axis, direct.members) == (None, 1)
+
+
+def _grouped_vs_alone(tmp_path, settings, norms, seeds, grow=None):
+    """A grouped sweep's rows and dynamics against each run alone (``run_one``: the same key,
+    no group), worst absolute difference over the final metrics and the recorded ones."""
+    from phasebo.execute import run_one
+    from phasebo.sweep import run_sweep
+
+    st = {"n": 10, "T": 4, "n_test": 100, "steps": 40, "lr": 0.05, "dtype": "float64",
+          "record_every": 10, "common_noise": "signal_norm", **settings}
+    out = tmp_path / "grouped"
+    run_sweep(pb.spec_from_dict(st, {"signal_norm": norms}, seeds=seeds), out, quiet=True,
+              plots=False)
+    if grow is not None:  # a grown axis: every noise group gets one new member (padded group)
+        run_sweep(pb.spec_from_dict(st, {"signal_norm": grow}, seeds=seeds), out, quiet=True,
+                  plots=False)
+    res, dyn = pb.load_results(out), pb.load_dynamics(out)
+    worst = 0.0
+    for _, r in res.iterrows():
+        alone = run_one({**st, "signal_norm": float(r.signal_norm)}, seed=int(r.seed))
+        for k in ("train_loss", "test_loss", "test_acc", "margin_mid", "cumS_noisy_pos"):
+            worst = max(worst, abs(float(alone.final[k]) - r[k]))
+        mine = dyn[dyn["run_id"] == r.run_id].sort_values("step")
+        for k in ("train_loss", "test_acc", "max_attn"):
+            if k in mine:
+                worst = max(worst, np.abs(np.asarray(alone.dynamics[k]) - mine[k].to_numpy())
+                            .max())
+    return len(res), worst
+
+
+def test_grouped_stepping_equals_each_run_alone_in_float64(tmp_path, x64):
+    """A noise group stepped as one unit (shared Gram, one matrix product per step) gives every
+    run the trajectory and final metrics it has alone, to 1e-10 in float64: reduced and gram
+    engines, p only, a fixed random W, and W + p."""
+    for i, settings in enumerate(({"d": 60}, {"d": 30, "engine": "gram"},
+                                  {"d": 30, "engine": "gram", "W_init": "random"},
+                                  {"d": 30, "train": ["p", "W"]})):
+        n, worst = _grouped_vs_alone(tmp_path / str(i), settings, [2.0, 5.0, 9.0], 2)
+        assert n == 6 and worst < 1e-10, (settings, worst)
+
+
+def test_grown_axis_fills_partial_noise_groups(tmp_path, x64):
+    """Growing the shared axis leaves each noise group with one run to do: the group is padded
+    (its first run repeated in the empty slots, the padding never written) and every row is
+    still the run alone, none lost or duplicated."""
+    n, worst = _grouped_vs_alone(tmp_path, {"d": 60}, [2.0, 5.0], 3, grow=[2.0, 5.0, 9.0])
+    assert n == 9 and worst < 1e-10

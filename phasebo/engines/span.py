@@ -37,6 +37,19 @@ The logits are ``a = X W p = g G alpha + K Gamma G alpha`` with ``K = X X^T`` an
 ``G = (X W_0)(X W_0)^T``. The state is an ``N``-vector and an ``N x N`` matrix; per step five
 ``N x N`` products and a rank-one update replace the direct engine's ``O(d^2)`` work on W.
 Building ``K, G`` (and, for the metrics, ``X W_0`` and ``W_0 W_0^T X^T``) costs ``O(N d^2)`` once.
+
+**Noise shared along an axis** (:class:`LowRank`). The tokens are noise plus a signal on
+``(e1, e2)``: ``X = E + S`` with ``S`` nonzero on two coordinates only, so
+
+    ``X X^T = E E^T + U V^T``,  ``U = [E_12, S_12]``, ``V = [S_12, E_12 + S_12]``  (``N x 4``),
+
+and with a ``W``: ``X W = E W + S_12 W_12`` (``W_12`` the first two rows of ``W``), so
+``(X W)(X W)^T = (E W)(E W)^T + U' V'^T`` with ``U' = [P, S_12]``, ``V' = [S_12, P + S_12 Q]``,
+``P = (E W) W_12^T``, ``Q = W_12 W_12^T`` (:func:`signal_gram`). Runs that share their noise ``E`` (and ``W_0``)
+share the ``N x N`` part; only the rank-4 part depends on the signal. Written this way, a group of
+such runs vmapped with the shared part unbatched steps by one ``(M x N) (N x N)`` matrix product
+instead of ``M`` matrix-vector products, and builds ``E E^T`` and ``E W_0`` once (the executor's
+grouped mode, :mod:`phasebo.execute`). Alone, a run computes the same numbers.
 """
 
 from __future__ import annotations
@@ -61,6 +74,42 @@ def flat_gram(B: jax.Array, C: jax.Array | None = None) -> jax.Array:
     return Bf @ Cf.T
 
 
+class LowRank(NamedTuple):
+    """``K = C + U V^T``: ``C: (N, N)`` (shared by the runs of a noise group), ``U, V: (N, r)``."""
+
+    C: jax.Array
+    U: jax.Array
+    V: jax.Array
+
+
+def signal_gram(EW: jax.Array, S12: jax.Array, W12: jax.Array | None = None) -> LowRank:
+    """The Gram of ``B = E W + S_12 W_12`` as :class:`LowRank` (module docstring): ``EW: (N, D)``
+    the noise as the query sees it (``W = I``: the noise itself, ``W_12 = I``), ``S12: (N, 2)``
+    the signal on ``(e1, e2)``, ``W12: (2, D)`` the first two rows of ``W``."""
+    if W12 is None:
+        P, SQ = EW[:, :2], S12
+    else:
+        P, SQ = EW @ W12.T, S12 @ (W12 @ W12.T)
+    return LowRank(EW @ EW.T, jnp.concatenate([P, S12], 1), jnp.concatenate([S12, P + SQ], 1))
+
+
+def gram_dot(v: jax.Array, K) -> jax.Array:
+    """``v K`` for a row vector (or rows) ``v``, ``K`` an array or a :class:`LowRank`
+    (``v C + (v U) V^T``: one product with the shared ``C``, two thin ones). Every Gram here is
+    symmetric, so ``v K`` is also ``(K v^T)^T``."""
+    if isinstance(K, LowRank):
+        # the thin products as multiply-and-sum: XLA fuses them into the surrounding step,
+        # where a batched (1 x N)(N x 4) dot per run is a slow library call on CPU
+        w = jnp.sum(v[..., :, None] * K.U, axis=-2)
+        return v @ K.C + jnp.sum(w[..., None, :] * K.V, axis=-1)
+    return v @ K
+
+
+def gram_full(K) -> jax.Array:
+    """The ``N x N`` matrix of ``K``."""
+    return K.C + K.U @ K.V.T if isinstance(K, LowRank) else K
+
+
 class SpanCoef(NamedTuple):
     """Coefficients of the query (``alpha``, scale ``gp`` of ``p_0``) and head (``beta``, ``gv``)."""
 
@@ -76,7 +125,7 @@ class SpanProblem(NamedTuple):
 
     batch: Batch
     test: Batch
-    K: jax.Array  # (N, N) query-side Gram
+    K: jax.Array | LowRank  # (N, N) query-side Gram
     a0: jax.Array  # (n, T)
     h0: jax.Array  # (n, T)
     K_head: jax.Array | None  # (N, N) Gram of the trained head, or None (fixed head)
@@ -90,8 +139,8 @@ class SpanWProblem(NamedTuple):
 
     batch: Batch
     test: Batch
-    K: jax.Array  # X X^T
-    G: jax.Array  # (X W_0)(X W_0)^T
+    K: jax.Array | LowRank  # X X^T
+    G: jax.Array | LowRank  # (X W_0)(X W_0)^T
     h0: jax.Array  # (n, T) head scores (the head is fixed)
     params: Callable  # ((alpha, Gamma, g)) -> model parameters for the metrics
 
@@ -126,10 +175,10 @@ def span_system(prob: SpanProblem, y, lr, weight_decay=None, radius_p=None, radi
         h0_ = h0 if (decay is None and not project) or not head else gv * h0
         if head and same:
             ab = jnp.stack([alpha.reshape(-1), beta.reshape(-1)], -1)
-            ab = (ab.T @ K).T  # K is symmetric; a row-vector product streams K in order
+            ab = gram_dot(ab.T, K).T  # K is symmetric; a row-vector product streams K in order
             return a0_ + ab[:, 0].reshape(n, T), h0_ + ab[:, 1].reshape(n, T)
-        a = a0_ + (alpha.reshape(-1) @ K).reshape(n, T)
-        h = h0_ + (beta.reshape(-1) @ K_head).reshape(n, T) if head else h0_
+        a = a0_ + gram_dot(alpha.reshape(-1), K).reshape(n, T)
+        h = h0_ + gram_dot(beta.reshape(-1), K_head).reshape(n, T) if head else h0_
         return a, h
 
     def ball(sq, r):
@@ -198,8 +247,8 @@ def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
 
     def forward(state):
         alpha, Gamma, g = state
-        u = G @ alpha
-        a = (g * u + K @ (Gamma @ u)).reshape(n, T)
+        u = gram_dot(alpha, G)
+        a = (g * u + gram_dot(Gamma @ u, K)).reshape(n, T)
         s, f = _softmax_out(a, h0)
         return a, s, f
 
@@ -208,7 +257,7 @@ def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
         a, s, f = forward(state)
         _, c = _grad_logits(y, h0, s, f, n)
         c = c.reshape(-1)
-        Kc = K @ c
+        Kc = gram_dot(c, K)
         if decay is not None:
             new_alpha = (1 - decay) * alpha - lr * (g * c + Gamma.T @ Kc)
             new_Gamma = (1 - decay) * Gamma - lr * jnp.outer(c, alpha)

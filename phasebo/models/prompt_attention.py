@@ -21,6 +21,7 @@ import jax.random as jr
 
 from ..data import (
     SAKAMOTO,
+    embed_signal,
     factor_width,
     projected_scores,
     projection_normals,
@@ -30,7 +31,7 @@ from ..data import (
     sakamoto_roles,
     sakamoto_sample,
 )
-from ..engines.span import SpanProblem, SpanWProblem, flat_gram
+from ..engines.span import SpanProblem, SpanWProblem, gram_dot, signal_gram
 from ..metrics import attend, query_metrics
 from ..settings import INIT, PROJECT, TEST_MODE, WEIGHT_DECAY, ConfigError, Setting
 from ..train import dtype_of
@@ -222,40 +223,49 @@ class PromptAttentionModel(Model):
             m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
                                        init=static.init, init_scale=sw["init_scale"], dtype=dtype)
             p0, nu, W = m0.p, m0.nu, m0.W
-        X = batch.X
-        B = X if W is None else X @ W  # tokens as the prompt sees them: a = B p
-        Bf = B.reshape(n * T, -1)
+        X, N = batch.X, n * T
+        S12 = batch.signal.reshape(N, 2)
+        W12 = None if W is None else W[:2]
+        # the tokens as the prompt sees them, B = X W = E W + S W_12 (a = B p), and their Gram
+        # with the noise part apart: runs sharing their noise share E W and (E W)(E W)^T
+        EW = batch.noise.reshape(N, -1) if W is None else batch.noise.reshape(N, -1) @ W
+        Bf = EW + (embed_signal(S12, EW.shape[-1]) if W is None else S12 @ W12)
 
         def params(coef):
             p = coef.gp * p0 + Bf.T @ coef.alpha.reshape(-1)
             return PromptAttention(p=p, W=W, nu=nu)
 
         zero = jnp.zeros((), dtype)
-        return SpanProblem(batch, test, flat_gram(B), B @ p0, X @ nu, None, jnp.sum(p0**2), zero,
-                           params)
+        return SpanProblem(batch, test, signal_gram(EW, S12, W12), (Bf @ p0).reshape(n, T),
+                           X @ nu, None, jnp.sum(p0**2), zero, params)
 
     def _span_w_problem(self, static, sw, k_data, k_init, test):
         dtype = dtype_of(static)
         d, n, T = static.d, static.n, static.T
+        N = n * T
         batch = self.sample(static, sw, k_data, test=False)
         m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
                                    init="zero", init_scale=sw["init_scale"], dtype=dtype)
-        Xf = batch.X.reshape(n * T, d)
-        if m0.W is None:  # W_0 = I
-            B0, C = Xf, Xf.T
-        else:
-            B0 = Xf @ m0.W  # X W_0
-            C = m0.W @ B0.T  # W_0 W_0^T X^T
+        Xf, Ef = batch.X.reshape(N, d), batch.noise.reshape(N, d)
+        S12 = batch.signal.reshape(N, 2)
+        W0 = m0.W
+        if W0 is None:  # W_0 = I
+            EW, W12, B0 = Ef, None, Xf
+        else:  # X W_0 = E W_0 + S_12 W_12: the O(N d^2) product once per noise group
+            EW, W12 = Ef @ W0, W0[:2]
+            B0 = EW + S12 @ W12
         nu = m0.nu
-        G = B0 @ B0.T
 
         def params(state):
             alpha, Gamma, g = state
             p = B0.T @ alpha
-            q = g * (C @ alpha) + Xf.T @ (Gamma @ (G @ alpha))
+            Wp = p if W0 is None else W0 @ p  # W_0 W_0^T X^T alpha, never formed as d x N
+            q = g * Wp + Xf.T @ (Gamma @ gram_dot(alpha, G))
             return PromptQuery(p=p, q=q, nu=nu)
 
-        return SpanWProblem(batch, test, Xf @ Xf.T, G, batch.X @ nu, params)
+        K = signal_gram(Ef, S12)
+        G = K if W0 is None else signal_gram(EW, S12, W12)
+        return SpanWProblem(batch, test, K, G, batch.X @ nu, params)
 
     def span_bytes(self, static, reduced):
         N = static.n * static.T
