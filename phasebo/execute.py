@@ -289,8 +289,8 @@ class Executor:
                     n_real = sum(len(j) for _, j in pieces)
                     left = [n_real]
 
-                    def tick(m, left=left):  # the bar counts real runs, not the padding
-                        m *= g.members
+                    def tick(m, left=left, per=g.members):  # real runs, not the padding
+                        m *= per
                         bar.update(min(m, left[0]))
                         left[0] -= min(m, left[0])
 

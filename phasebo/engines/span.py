@@ -45,11 +45,12 @@ Building ``K, G`` (and, for the metrics, ``X W_0`` and ``W_0 W_0^T X^T``) costs 
 
 and with a ``W``: ``X W = E W + S_12 W_12`` (``W_12`` the first two rows of ``W``), so
 ``(X W)(X W)^T = (E W)(E W)^T + U' V'^T`` with ``U' = [P, S_12]``, ``V' = [S_12, P + S_12 Q]``,
-``P = (E W) W_12^T``, ``Q = W_12 W_12^T`` (:func:`signal_gram`). Runs that share their noise ``E`` (and ``W_0``)
-share the ``N x N`` part; only the rank-4 part depends on the signal. Written this way, a group of
-such runs vmapped with the shared part unbatched steps by one ``(M x N) (N x N)`` matrix product
-instead of ``M`` matrix-vector products, and builds ``E E^T`` and ``E W_0`` once (the executor's
-grouped mode, :mod:`phasebo.execute`). Alone, a run computes the same numbers.
+``P = (E W) W_12^T``, ``Q = W_12 W_12^T`` (:func:`signal_gram`). Runs that share their noise
+``E`` (and ``W_0``) share the ``N x N`` part; only the rank-4 part depends on the signal. Written
+this way, a group of such runs vmapped with the shared part unbatched steps by one
+``(M x N) (N x N)`` matrix product instead of ``M`` matrix-vector products, and builds ``E E^T``
+and ``E W_0`` once (the executor's grouped mode, :mod:`phasebo.execute`). Alone, a run computes
+the same numbers.
 """
 
 from __future__ import annotations
