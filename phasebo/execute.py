@@ -67,7 +67,8 @@ def _one_group(a, model, engine, program, axis: str):
     jax = _jax()
     k = C.run_key(a["root_seed"], a["_hi"], a["_lo"])
     shared = {n: v for n, v in a.items() if n not in ("root_seed", "_hi", "_lo", axis)}
-    return jax.vmap(lambda v: engine.run(model, program, {**shared, axis: v}, k))(a[axis])
+    return jax.vmap(lambda v: engine.run(model, program, {**shared, axis: v}, k, grouped=True))(
+        a[axis])
 
 
 def _block(arrays, model, engine, program, block: int, n_dev: int, axis: str | None = None):

@@ -111,6 +111,16 @@ def gram_full(K) -> jax.Array:
     return K.C + K.U @ K.V.T if isinstance(K, LowRank) else K
 
 
+def dense(prob):
+    """``prob`` (a :class:`SpanProblem` or :class:`SpanWProblem`) with every :class:`LowRank`
+    Gram as one matrix: a run stepped on its own does one product, not three."""
+    fields = {f: getattr(prob, f) for f in ("K", "G", "K_head") if hasattr(prob, f)}
+    out = {f: gram_full(v) for f, v in fields.items() if isinstance(v, LowRank)}
+    if "K_head" in out and fields["K_head"] is fields["K"]:
+        out["K_head"] = out["K"]  # one Gram for both: span_system shares their product
+    return prob._replace(**out) if out else prob
+
+
 class SpanCoef(NamedTuple):
     """Coefficients of the query (``alpha``, scale ``gp`` of ``p_0``) and head (``beta``, ``gv``)."""
 

@@ -228,7 +228,8 @@ class PromptAttentionModel(Model):
         W12 = None if W is None else W[:2]
         # the tokens as the prompt sees them, B = X W = E W + S W_12 (a = B p), and their Gram
         # with the noise part apart: runs sharing their noise share E W and (E W)(E W)^T
-        EW = batch.noise.reshape(N, -1) if W is None else batch.noise.reshape(N, -1) @ W
+        E = batch.noise.reshape(N, -1)
+        EW = E if W is None else E @ W
         Bf = EW + (embed_signal(S12, EW.shape[-1]) if W is None else S12 @ W12)
 
         def params(coef):
