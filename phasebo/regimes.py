@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 REGIMES = ("benign", "harmful", "not_overfitting", "fitting", "no_noise")
-REGIME_ORDER = (*REGIMES, "diverged")
+REGIME_ORDER = (*REGIMES, "diverged", "unsolved")
 DECADE = 10.0  # how far ahead the still-fitting rule extrapolates (a factor on the step)
 TOL = 1e-6  # accuracies are k / n in float32
 

@@ -45,10 +45,10 @@ from .regimes import (  # noqa: F401 (REGIMES, classify_regime: re-exported)
 )
 from .settings import ConfigError
 
-RUN_STATUSES = ("ok", "diverged")  # a run's status (phasebo.train.Status)
+RUN_STATUSES = ("ok", "diverged", "unsolved")  # a run's status (phasebo.train.Status)
 # The column groups (see the module docstring); the settings come from the model of the rows.
 RUN_COLUMNS = ("run_id", "seed", "root_seed", "source", "engine_setting", "sweep")
-DERIVED = ("snr", "n_snr2")
+DERIVED = ("snr", "n_snr2", "time")
 STEP = "step"  # the time axis of a dynamics table: a cell key, never a metric
 KEY_COLUMNS = (STEP, "sample")
 LABEL_COLUMNS = ("status", "regime")
@@ -170,6 +170,10 @@ def rows(spec, g, cols: list, out) -> tuple:
     n = len(res)
     res["engine_setting"] = res["engine"]
     res["engine"] = g.engine.name
+    flow = getattr(g.program, "dynamics", "gd") == "flow"
+    if flow:  # a flow's horizon in GD-equivalent steps of its lr (phasebo.flow)
+        res["steps"] = np.round(res["flow_time"].to_numpy(float)
+                                / res["lr"].to_numpy(float)).astype(np.int64)
     final = {k: np.asarray(v)[:n] for k, v in out.final.items()}
     metrics = pd.DataFrame(final)
     labels = {int(s): s.label for s in Status}
@@ -181,12 +185,22 @@ def rows(spec, g, cols: list, out) -> tuple:
     metrics = metrics[[c for c in front if c in metrics] + [c for c in metrics if c not in front]]
     res = pd.concat([res, metrics], axis=1)
     res = derived_columns(res)
+    if "lr" in res.columns and "steps" in res.columns:  # the horizon in flow time
+        res["time"] = res["flow_time"].astype(float) if flow else \
+            res["lr"].astype(float) * res["steps"].astype(float)
     dyn = None
     rec = model.recorded_steps(g.program)
-    if rec and out.dynamics:
+    if (rec or flow) and out.dynamics:
         cols_d = {k: np.asarray(v)[:n].reshape(-1) for k, v in out.dynamics.items()}
-        dyn = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), len(rec)),
-                            "step": np.tile(np.asarray(rec, np.int64), n), **cols_d})
+        R = len(next(iter(cols_d.values()))) // max(n, 1)
+        step = cols_d.pop("step").astype(np.int64) if flow else np.tile(np.asarray(rec, np.int64), n)
+        dyn = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), R), "step": step,
+                            **cols_d})
+        if flow:  # recorded times closer than one step of lr share a step: keep the first
+            dyn = dyn.drop_duplicates(["run_id", "step"], keep="first")
+        else:
+            dyn["time"] = dyn["step"] * np.repeat(res["lr"].to_numpy(float), R) \
+                if "lr" in res.columns else np.nan
         if "margin" in dyn.columns:  # the regime at every recorded step, and each run's path
             dyn = dyn.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
             reg = regimes_over_time(dyn, res)

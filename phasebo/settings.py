@@ -208,15 +208,34 @@ LABELS = (
       choices=("balanced", "iid")),
 )
 
+# Gradient flow (phasebo.flow): settings added after runs were stored, so at their defaults they
+# leave every earlier run's id and numbers as they were (silent_default)
+FLOW = (
+    S("dynamics", "gd", str, "static", "gd: full-batch gradient descent for `steps` steps of `lr`; "
+      "flow: the gradient flow theta' = -grad L to flow time `flow_time`, integrated by diffrax "
+      "(Tsit5, adaptive steps); its step axis counts GD-equivalent steps of `lr` (time / lr)",
+      choices=("gd", "flow"), silent_default=True),
+    S("flow_time", 500.0, float, "static", "the flow's horizon tau (flow time; GD's equivalent "
+      "is lr x steps)", positive, requires=("dynamics", "flow"), silent_default=True),
+    S("flow_rtol", 1e-5, float, "static", "relative tolerance of the flow's adaptive step-size "
+      "controller", positive, requires=("dynamics", "flow"), silent_default=True),
+    S("flow_atol", 1e-7, float, "static", "absolute tolerance of the flow's adaptive step-size "
+      "controller", positive, requires=("dynamics", "flow"), silent_default=True),
+    S("flow_max_steps", 20000, int, "static", "solver steps a flow may take before it stops "
+      "(status unsolved)", at_least(1), requires=("dynamics", "flow"), silent_default=True),
+)
+
 TRAINING = (
     S("lr", 5e-3, float, "swept", "gradient-descent step size", positive),
-    S("steps", 1000, int, "static", "gradient-descent steps", nonneg),
+    S("steps", 1000, int, "static", "gradient-descent steps", nonneg,
+      requires=("dynamics", "gd")),
     S("record_every", 0, int, "static", "record dynamics every k steps (0: off)", nonneg,
-      identity=False),
+      identity=False, requires=("dynamics", "gd")),
     S("record_log", 0, int, "static", "record dynamics at about k log-spaced steps (0: off)",
       nonneg, identity=False),
     S("track", (), "ints", "static", "training samples whose per-token attention is recorded "
       "(empty: the first clean and the first flipped sample)", nonneg_ints, identity=False),
+    *FLOW,
 )
 
 INIT = (

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from . import flow
 from .data import Batch
 from .metrics import (
     GROUPS,
@@ -47,6 +48,7 @@ class Status(enum.IntEnum):
 
     OK = 0
     DIVERGED = 1
+    UNSOLVED = 2  # a gradient flow whose solver did not reach its horizon (phasebo.flow)
 
     @property
     def label(self) -> str:
@@ -206,8 +208,22 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     return now, (f, s, a), ls._replace(buf=rec.unstack(ls.buf))
 
 
-def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype) -> dict:
-    """Add the step-wise bookkeeping to the final metrics."""
+def flow_loop(state0, field: Callable, view: Callable, static, sw: dict, record_fn, *,
+              margin_fn: Callable, batch: Batch, relevant: Callable | None, dtype):
+    """The gradient flow of ``field`` to ``static.flow_time`` (:func:`phasebo.flow.solve`) with
+    the bookkeeping of :func:`run_loop`: ``(now, (f, s, a), LoopState, flow outputs)``."""
+    now, fwd, book = flow.solve(
+        state0, field, view, flow_time=static.flow_time,
+        records=flow.record_times(static.flow_time, static.record_log), record_fn=record_fn,
+        margin_fn=margin_fn, y=batch.y, relevant=relevant, lr=sw["lr"], rtol=static.flow_rtol,
+        atol=static.flow_atol, max_steps=static.flow_max_steps, dtype=dtype)
+    ls = LoopState(**{k: book[k] for k in LoopState._fields})
+    return now, fwd, ls, {"solver_steps": book["solver_steps"], "solved": book["solved"]}
+
+
+def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None) -> dict:
+    """Add the step-wise bookkeeping to the final metrics (``flowed``: a flow's
+    ``solver_steps`` and ``solved``, :func:`flow_loop`)."""
     noisy = batch.flipped
     first_fit = ls.first_fit
     n_noisy = jnp.sum(noisy)
@@ -233,7 +249,15 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype) -> dict:
     final["margin_mid"] = ls.margin_mid
     final["status"] = jnp.where(ls.diverge >= 0, int(Status.DIVERGED),
                                 int(Status.OK)).astype(jnp.int32)
+    if flowed is not None:
+        final["solver_steps"] = flowed["solver_steps"]
+        final["status"] = jnp.where(flowed["solved"], int(Status.OK),
+                                    int(Status.UNSOLVED)).astype(jnp.int32)
     return final
+
+
+def is_flow(static) -> bool:
+    return getattr(static, "dynamics", "gd") == "flow"
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +328,7 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
         return evaluate(model, static, sw, combine(p), f, s, a, batch, test, roles)
 
     steps = getattr(static, "steps", 0) if model.trains else 0
-    opt = model.optimizer(static, sw) if model.trains else None
+    opt = model.optimizer(static, sw) if model.trains and not is_flow(static) else None
     state = (params, opt.init(params) if opt is not None else None)
 
     def step(state):
@@ -322,10 +346,28 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
     relevant = None if roles is None else (lambda s_: relevant_mass(s_, roles))
     record_fn = recorder_fn(model, static, sw, metrics, batch)
     dtype = dtype_of(static)
-    p, (f, s, a), ls = run_loop(state, step, final, steps, model.recorded_steps(static),
-                                record_fn, margin_fn=lambda f_, y_: model.margin_loss(f_, y_)[0],
-                                batch=batch, relevant=relevant, dtype=dtype,
-                                view=lambda p_: forward(p_)[1])
-    final_metrics = finish(metrics(p, f, s, a), ls, batch, roles, dtype)
+
+    def margin_fn(f_, y_):
+        return model.margin_loss(f_, y_)[0]
+
+    flowed = None
+    if is_flow(static):
+        wd = sw.get("weight_decay")
+
+        def field(p):  # theta' = -grad L - lambda theta (phasebo.flow)
+            (_, fwd), g = jax.value_and_grad(forward, has_aux=True)(p)
+            if wd is None:
+                return jax.tree.map(jnp.negative, g), fwd
+            return jax.tree.map(lambda gi, pi: -gi - wd * pi, g, p), fwd
+
+        p, (f, s, a), ls, flowed = flow_loop(
+            params, field, lambda p_: forward(p_)[1], static, sw, record_fn,
+            margin_fn=margin_fn, batch=batch, relevant=relevant, dtype=dtype)
+    else:
+        p, (f, s, a), ls = run_loop(state, step, final, steps, model.recorded_steps(static),
+                                    record_fn, margin_fn=margin_fn, batch=batch,
+                                    relevant=relevant, dtype=dtype,
+                                    view=lambda p_: forward(p_)[1])
+    final_metrics = finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed)
     samples = model.samples(combine(p), f, s, a, batch, test, static, sw, ls.first_fit)
     return RunOutput(final_metrics, ls.buf, samples)

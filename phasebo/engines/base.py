@@ -22,9 +22,17 @@ from typing import ClassVar
 
 from ..data import reduced_d
 from ..metrics import relevant_mass
-from ..train import RunOutput, dtype_of, evaluate, finish, recorder_fn, run_loop
+from ..train import RunOutput, dtype_of, evaluate, finish, flow_loop, is_flow, recorder_fn, run_loop
 from ..train import run as direct_run
-from .span import UNROLL, SpanWProblem, dense, span_system, span_w_system
+from .span import (
+    UNROLL,
+    SpanWProblem,
+    dense,
+    span_field,
+    span_system,
+    span_w_field,
+    span_w_system,
+)
 
 
 class Engine(abc.ABC):
@@ -114,21 +122,29 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
     def metrics(coef, f, s, a):
         return evaluate(model, static, sw, prob.params(coef), f, s, a, batch, test, roles)
 
-    if isinstance(prob, SpanWProblem):
-        state0, step, final, view = span_w_system(prob, batch.y, sw["lr"], wd)
-    else:
-        project = getattr(static, "project", False)
-        state0, step, final, view = span_system(
-            prob, batch.y, sw["lr"], wd,
-            sw["radius_p"] if project else None,
-            sw.get("radius_v") if project and prob.K_head is not None else None)
     relevant = None if roles is None else (lambda s_: relevant_mass(s_, roles))
     record_fn = recorder_fn(model, static, sw, metrics, batch)
-    now, (f, s, a), ls = run_loop(
-        state0, step, final, static.steps, model.recorded_steps(static), record_fn,
-        margin_fn=lambda f_, y_: y_ * f_, batch=batch, relevant=relevant, dtype=dtype,
-        view=view, unroll=UNROLL)
-    final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype)
+    flowed = None
+    if is_flow(static):  # the gradient flow of the same coefficients (phasebo.flow)
+        w = isinstance(prob, SpanWProblem)
+        state0, field, view = (span_w_field if w else span_field)(prob, batch.y, wd)
+        now, (f, s, a), ls, flowed = flow_loop(
+            state0, field, view, static, sw, record_fn, margin_fn=lambda f_, y_: y_ * f_,
+            batch=batch, relevant=relevant, dtype=dtype)
+    else:
+        if isinstance(prob, SpanWProblem):
+            state0, step, final, view = span_w_system(prob, batch.y, sw["lr"], wd)
+        else:
+            project = getattr(static, "project", False)
+            state0, step, final, view = span_system(
+                prob, batch.y, sw["lr"], wd,
+                sw["radius_p"] if project else None,
+                sw.get("radius_v") if project and prob.K_head is not None else None)
+        now, (f, s, a), ls = run_loop(
+            state0, step, final, static.steps, model.recorded_steps(static), record_fn,
+            margin_fn=lambda f_, y_: y_ * f_, batch=batch, relevant=relevant, dtype=dtype,
+            view=view, unroll=UNROLL)
+    final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed)
     samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw, ls.first_fit)
     return RunOutput(final_metrics, ls.buf, samples)
 

@@ -166,31 +166,39 @@ def _grad_logits(y, h, s, f, n):
     return gf, gf[:, None] * s * (h - f[:, None])  # dL/da
 
 
+def _span_logits(prob: SpanProblem, coef: SpanCoef, scaled: bool):
+    """``(a, h)``: logits and head scores of the coefficients (``scaled``: with the scales
+    ``gp, gv`` of the initial ones, which only weight decay and the projection change)."""
+    K, a0, h0, K_head = prob.K, prob.a0, prob.h0, prob.K_head
+    n, T = a0.shape
+    head = K_head is not None
+    alpha, beta, gp, gv = coef
+    a0_ = gp * a0 if scaled else a0
+    h0_ = gv * h0 if scaled and head else h0
+    if head and K_head is K:  # one product for both when the head sees the same Gram
+        ab = jnp.stack([alpha.reshape(-1), beta.reshape(-1)], -1)
+        ab = gram_dot(ab.T, K).T  # K is symmetric; a row-vector product streams K in order
+        return a0_ + ab[:, 0].reshape(n, T), h0_ + ab[:, 1].reshape(n, T)
+    a = a0_ + gram_dot(alpha.reshape(-1), K).reshape(n, T)
+    h = h0_ + gram_dot(beta.reshape(-1), K_head).reshape(n, T) if head else h0_
+    return a, h
+
+
 def span_system(prob: SpanProblem, y, lr, weight_decay=None, radius_p=None, radius_v=None):
     """``(state0, step, final, view)`` for :func:`phasebo.train.run_loop` (module docstring).
 
     ``weight_decay`` None: plain GD (no scaling ops at all); ``radius_p`` (and ``radius_v`` for a
     trained head) None: no projection.
     """
-    K, a0, h0, K_head = prob.K, prob.a0, prob.h0, prob.K_head
+    a0, h0, K_head = prob.a0, prob.h0, prob.K_head
     n, T = a0.shape
     dtype = a0.dtype
     head = K_head is not None
-    same = K_head is K  # one product for both when the head sees the same Gram
     decay = None if weight_decay is None else lr * weight_decay
     project = radius_p is not None
 
     def logits(coef):
-        alpha, beta, gp, gv = coef
-        a0_ = a0 if decay is None and not project else gp * a0
-        h0_ = h0 if (decay is None and not project) or not head else gv * h0
-        if head and same:
-            ab = jnp.stack([alpha.reshape(-1), beta.reshape(-1)], -1)
-            ab = gram_dot(ab.T, K).T  # K is symmetric; a row-vector product streams K in order
-            return a0_ + ab[:, 0].reshape(n, T), h0_ + ab[:, 1].reshape(n, T)
-        a = a0_ + gram_dot(alpha.reshape(-1), K).reshape(n, T)
-        h = h0_ + gram_dot(beta.reshape(-1), K_head).reshape(n, T) if head else h0_
-        return a, h
+        return _span_logits(prob, coef, scaled=decay is not None or project)
 
     def ball(sq, r):
         return r / jnp.sqrt(jnp.maximum(sq, r**2))
@@ -248,6 +256,40 @@ def span_system(prob: SpanProblem, y, lr, weight_decay=None, radius_p=None, radi
     return (coef0, jnp.asarray(False) if project else None), step, final, view
 
 
+def span_field(prob: SpanProblem, y, weight_decay=None):
+    """``(coef0, field, view)`` of the gradient flow in span coordinates: the limit ``lr -> 0`` of
+    :func:`span_system`'s steps, ``alpha' = -c - lambda alpha``, ``g' = -lambda g``,
+    ``beta' = -dL/dh - lambda beta``, ``g'' = -lambda g'`` (each GD step is an Euler step of
+    this field). ``field(coef) -> (coef', (f, s, a))``."""
+    a0 = prob.a0
+    n, T = a0.shape
+    head = prob.K_head is not None
+    lam = weight_decay
+
+    def view(coef):
+        a, h = _span_logits(prob, coef, scaled=lam is not None)
+        s, f = _softmax_out(a, h)
+        return f, s, a
+
+    def field(coef):
+        alpha, beta, gp, gv = coef
+        a, h = _span_logits(prob, coef, scaled=lam is not None)
+        s, f = _softmax_out(a, h)
+        gf, c = _grad_logits(y, h, s, f, n)
+        d_alpha, d_gp = -c, jnp.zeros_like(gp)
+        d_beta = -(gf[:, None] * s) if head else None
+        d_gv = jnp.zeros_like(gv) if head else None
+        if lam is not None:
+            d_alpha, d_gp = d_alpha - lam * alpha, d_gp - lam * gp
+            if head:
+                d_beta, d_gv = d_beta - lam * beta, d_gv - lam * gv
+        return SpanCoef(d_alpha, d_beta, d_gp, d_gv), (f, s, a)
+
+    zeros = jnp.zeros((n, T), a0.dtype)
+    one = jnp.ones((), a0.dtype)
+    return SpanCoef(zeros, zeros if head else None, one, one if head else None), field, view
+
+
 def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
     """``(state0, step, final, view)`` of prompt attention with W trained (module docstring)."""
     K, G, h0 = prob.K, prob.G, prob.h0
@@ -291,3 +333,24 @@ def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
 
     state0 = (jnp.zeros(N, dtype), jnp.zeros((N, N), dtype), jnp.ones((), dtype))
     return state0, step, final, view
+
+
+def span_w_field(prob: SpanWProblem, y, weight_decay=None):
+    """``(state0, field, view)`` of the gradient flow of prompt attention with W trained, in the
+    coordinates of :func:`span_w_system`: ``alpha' = -(g c + Gamma^T K c) - lambda alpha``,
+    ``Gamma' = -c alpha^T - lambda Gamma``, ``g' = -lambda g`` (GD's steps are its Euler steps)."""
+    state0, _, _, view = span_w_system(prob, y, jnp.ones((), prob.h0.dtype), weight_decay)
+    K, h0 = prob.K, prob.h0
+    n = h0.shape[0]
+
+    def field(state):
+        alpha, Gamma, g = state
+        f, s, a = view(state)
+        _, c = _grad_logits(y, h0, s, f, n)
+        c = c.reshape(-1)
+        d = (-(g * c + Gamma.T @ gram_dot(c, K)), -jnp.outer(c, alpha), jnp.zeros_like(g))
+        if weight_decay is not None:
+            d = (d[0] - weight_decay * alpha, d[1] - weight_decay * Gamma, -weight_decay * g)
+        return d, (f, s, a)
+
+    return state0, field, view

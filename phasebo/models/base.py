@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import rules
 from ..data import Batch, Distribution, label_values
+from ..flow import STEP_MAX, record_times
 from ..metrics import binary_margin, logistic_loss
 from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting, record_steps
 
@@ -89,6 +90,16 @@ class Model(abc.ABC):
         """Raise :class:`ConfigError` for a combination of settings the model cannot run."""
         if self.data is not None:
             self.data.check(r)
+        if r.get("dynamics") == "flow":
+            if r.get("project"):
+                raise ConfigError("project = true (norm-constrained GD) has no gradient flow in "
+                                  "phasebo; fix: dynamics = \"gd\", or project = false (weight "
+                                  "decay has one: theta' = -grad L - lambda theta)")
+            if r["flow_time"] / r["lr"] > STEP_MAX:
+                raise ConfigError(f"flow_time = {r['flow_time']:g} is {r['flow_time'] / r['lr']:.3g} "
+                                  f"GD-equivalent steps of lr = {r['lr']:g}, more than a step "
+                                  f"count holds ({STEP_MAX}); fix: a larger lr (the flow's step "
+                                  "unit) or a shorter flow_time")
         if r.get("track"):
             bad = [i for i in r["track"] if i >= r["n"]]
             if bad:
@@ -189,12 +200,15 @@ class Model(abc.ABC):
         """The steps at which a run records its dynamics (none for a model that does not
         train): ``record_every`` and ``record_log`` over ``steps``
         (:func:`phasebo.settings.record_steps`)."""
-        if not self.trains:
+        if not self.trains or getattr(static, "dynamics", "gd") == "flow":
             return ()
         return tuple(record_steps(static.steps, static.record_every, static.record_log))
 
     def n_records(self, static) -> int:
-        """How many dynamics rows one run writes (the memory and disk estimates scale with it)."""
+        """How many dynamics rows one run writes (the memory and disk estimates scale with it):
+        its recorded steps, or a flow's recorded times (:func:`phasebo.flow.record_times`)."""
+        if self.trains and getattr(static, "dynamics", "gd") == "flow":
+            return len(record_times(static.flow_time, static.record_log))
         return len(self.recorded_steps(static))
 
     # ---------------------------------------------------------------------------------------

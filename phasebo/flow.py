@@ -1,0 +1,147 @@
+r"""Gradient flow: the ``lr -> 0`` limit of full-batch gradient descent, to long horizons.
+
+A run with ``dynamics = "flow"`` integrates
+
+    ``theta'(tau) = -grad L(theta(tau)) - lambda theta(tau)``,    ``theta(0) = theta_0``,
+
+to the flow time ``tau = flow_time`` with diffrax (Tsit5, a PID step-size controller with the
+tolerances ``flow_rtol``, ``flow_atol``, at most ``flow_max_steps`` solver steps). Gradient
+descent at step ``lr`` is this field's explicit Euler scheme, so GD's ``steps`` steps reach flow
+time ``lr x steps``; the flow is what GD converges to as ``lr -> 0`` at a fixed ``tau``. The
+state is whatever the engine steps: the model's parameters (direct engine) or the span
+coefficients (gram and reduced engines, :func:`phasebo.engines.span.span_field`), so the flow's
+cost does not depend on ``d`` where GD's does not. Attention gaps grow like ``log tau``, so an
+adaptive solver takes about as many steps per decade of ``tau`` at ``tau = 10^5`` as at ``10``.
+
+**The step axis.** Tables, regimes and figures count time in steps; a flow run counts its
+**GD-equivalent steps** ``round(tau / lr)``: its ``steps`` column is ``round(flow_time / lr)``,
+a recorded time ``tau_k`` is the dynamics row of step ``round(tau_k / lr)``, and the ``time``
+column holds ``tau`` itself (``lr x step`` for a GD run), so flow and GD runs share every axis.
+
+**Bookkeeping** as :func:`phasebo.train.run_loop` does it, in flow time:
+
+- ``cumS`` (the 𝔖 sums) is integrated with the state, ``int_0^tau s_R (1 - s_R) dtau / lr``
+  (a Riemann sum of GD's per-step sums);
+- first-fit steps are read at :data:`N_CHECK` log-spaced check times over the last
+  :data:`DECADES` decades of the horizon (about 12 % apart in time), at ``tau / 2`` and at the
+  recorded times: a sample's margin is interpolated linearly in ``log tau`` between the last
+  check at which it is negative and the first at which it is positive (a sample fitted before
+  the first check time gets that time), in GD-equivalent steps;
+- ``margin_mid`` is the smallest margin at ``tau / 2`` (the still-fitting rule's earlier point);
+- a solve that does not reach ``tau`` (``flow_max_steps`` spent, or a non-finite state) is data:
+  status ``unsolved``, ``diverge_step`` the first check time it did not reach, and the metrics at
+  the horizon NaN. ``solver_steps`` counts the solver's steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+N_CHECK = 100  # check times for the first-fit steps, log-spaced over the last DECADES decades
+DECADES = 5.0
+STEP_MAX = np.iinfo(np.int32).max  # GD-equivalent steps are int32 in a run (checked in config)
+
+
+def record_times(flow_time: float, record_log: int) -> tuple[float, ...]:
+    """Flow times at which a flow run records its dynamics: 0, ``record_log`` log-spaced times
+    over the last :data:`DECADES` decades of ``flow_time``, and ``flow_time``."""
+    if not record_log:
+        return ()
+    t = np.geomspace(flow_time * 10.0**-DECADES, flow_time, record_log)
+    return tuple(float(v) for v in np.unique(np.r_[0.0, t, flow_time]))
+
+
+def check_times(flow_time: float, records: tuple[float, ...]) -> tuple[np.ndarray, int]:
+    """``(times, mid)``: the check times (sorted, unique, ``flow_time`` last) and the index of
+    ``flow_time / 2`` among them."""
+    t = np.geomspace(flow_time * 10.0**-DECADES, flow_time, N_CHECK)
+    t = np.unique(np.r_[t, flow_time / 2, flow_time, [r for r in records if r > 0]])
+    return t, int(np.searchsorted(t, flow_time / 2))
+
+
+def steps_of(t, lr) -> jax.Array:
+    """GD-equivalent steps ``round(t / lr)`` (int32)."""
+    return jnp.clip(jnp.round(t / lr), 0, STEP_MAX).astype(jnp.int32)
+
+
+def solve(state0, field: Callable, view: Callable, *, flow_time: float, records, record_fn,
+          margin_fn: Callable, y, relevant: Callable | None, lr, rtol: float, atol: float,
+          max_steps: int, dtype):
+    """Integrate ``field`` from ``state0`` to ``flow_time``.
+
+    ``field(state) -> (state', (f, s, a))``: the flow's right-hand side and the forward pass it
+    computed; ``view(state) -> (f, s, a)``; ``record_fn(state, f, s, a) -> dict`` of scalars;
+    ``margin_fn(f, y) -> (n,)``. Returns ``(now, (f, s, a), bookkeeping)`` with
+    ``bookkeeping`` the fields of :class:`phasebo.train.LoopState` (``buf``: the recorded
+    metrics with their ``step`` and ``time``) and ``solver_steps``, ``solved``.
+    """
+    n = y.shape[0]
+
+    def rhs(t, yy, args):
+        state, _ = yy
+        d, (_, s, _) = field(state)
+        if relevant is None:
+            return d, jnp.zeros(n, dtype)
+        sR = relevant(s)
+        return d, sR * (1 - sR)
+
+    checks, mid = check_times(flow_time, records)
+    subs = [diffrax.SubSaveAt(ts=jnp.asarray(checks, dtype),
+                              fn=lambda t, yy, args: margin_fn(view(yy[0])[0], y)),
+            diffrax.SubSaveAt(t1=True)]
+    if records:
+        subs.append(diffrax.SubSaveAt(ts=jnp.asarray(records, dtype),
+                                      fn=lambda t, yy, args: record_fn(yy[0], *view(yy[0]))))
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(rhs), diffrax.Tsit5(), t0=0.0, t1=flow_time, dt0=None,
+        y0=(state0, jnp.zeros(n, dtype)), saveat=diffrax.SaveAt(subs=subs),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol), max_steps=max_steps,
+        throw=False)
+    solved = (sol.result == diffrax.RESULTS.successful) & _finite(sol.ys[1])
+    margins = sol.ys[0]  # (checks, n); inf where the solve did not reach
+    reached = jnp.all(jnp.isfinite(margins), axis=1)
+    times = jnp.asarray(checks, dtype)
+    t_steps = steps_of(times, lr)
+    never = jnp.int32(-1)
+    first_fit = _crossing(margins, reached[:, None], times, lr)
+    all_fit = _crossing(jnp.min(margins, axis=1), reached, times, lr)
+    lost = ~reached
+    diverge = jnp.where(solved, never, jnp.where(jnp.any(lost), t_steps[jnp.argmax(lost)],
+                                                 t_steps[-1]))
+    state, cum = jax.tree.map(lambda v: v[0], sol.ys[1])
+    nan = jnp.asarray(jnp.nan, dtype)
+    state = jax.tree.map(lambda v: jnp.where(solved, v, nan), state)
+    f, s, a = view(state)
+    buf = None
+    if records:
+        buf = dict(sol.ys[2])
+        buf["step"] = steps_of(jnp.asarray(records, dtype), lr)
+        buf["time"] = jnp.asarray(records, dtype)
+    book = dict(first_fit=first_fit, all_fit=all_fit, cumS=jnp.where(solved, cum / lr, nan),
+                diverge=diverge, buf=buf,
+                margin_mid=jnp.where(reached[mid], jnp.min(margins[mid]), nan).astype(dtype),
+                solver_steps=sol.stats["num_steps"].astype(jnp.int32), solved=solved)
+    return state, (f, s, a), book
+
+
+def _crossing(m, reached, times, lr) -> jax.Array:
+    """GD-equivalent step at which the margins ``m: (checks, ...)`` first turn positive, -1 never:
+    between the two check times around it, the margin is interpolated linearly in log time."""
+    fitted = reached & (m > 0)
+    k = jnp.argmax(fitted, axis=0)
+    kp = jnp.maximum(k - 1, 0)
+    m1 = jnp.take_along_axis(m, k[None], 0)[0] if m.ndim > 1 else m[k]
+    m0 = jnp.take_along_axis(m, kp[None], 0)[0] if m.ndim > 1 else m[kp]
+    lt1, lt0 = jnp.log(times[k]), jnp.log(times[kp])
+    w = jnp.where((k > 0) & (m0 <= 0), -m0 / jnp.where(m1 > m0, m1 - m0, 1.0), 1.0)
+    t = jnp.exp(lt0 + jnp.clip(w, 0.0, 1.0) * (lt1 - lt0))
+    return jnp.where(jnp.any(fitted, axis=0), steps_of(t, lr), jnp.int32(-1))
+
+
+def _finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
