@@ -20,6 +20,8 @@ same run, so the ratios compare like with like on this machine. Sections:
   with an empty and then a warm compilation cache.
 - **heatmap**: ``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml`` (39 x 39 x
   ``--heatmap-seeds``) as a subprocess with an empty cache.
+- **flow**: gradient flow to tau = 500 vs 10^5 GD steps (same flow time, records included),
+  and the long-horizon flow map (``sweeps/flow_horizons.toml``) as a subprocess.
 - **precision**: the reduced engine in float32 vs float64 at the three S2 regimes, d = 10^3 .. 10^6.
 - **gpu**: on an accelerator, block sizes by measurement, then the p-only heatmap (100 seeds), the
   trained-W heatmap (10 seeds) and S2 with dynamics (10,000 seeds) as sweeps, with runs/s, block
@@ -59,7 +61,8 @@ def _group(engine: str, d: int, n_runs: int, steps: int, block: int | None = Non
     from .grid import chunk_arrays
     from .plan import plan
 
-    spec = spec_from_dict({**SETTINGS, "engine": engine, "d": d, "steps": steps, **extra},
+    horizon = {} if extra.get("dynamics") == "flow" else {"steps": steps}  # a flow has flow_time
+    spec = spec_from_dict({**SETTINGS, "engine": engine, "d": d, **horizon, **extra},
                           seeds=n_runs)
     pl = plan(spec, chunk_size=n_runs, block_size=block)
     g = pl.groups[0]
@@ -315,6 +318,38 @@ def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) 
                  rows)
 
 
+def section_flow(q: bool, repeat: int, out: dict) -> None:
+    """Gradient flow to tau = 500 against 10^5 GD steps of 5e-3 (the same flow time) on runs of
+    the same settings, both through the sweep's block function on the reduced engine with 20
+    log-spaced records; then the long-horizon map (``sweeps/flow_horizons.toml``, flow to
+    tau = 5000, 39 x 39 x seeds) as a subprocess with an empty compilation cache."""
+    n = 32 if q else 64
+    rows = []
+    for d, mu in ([S2_CASES[1]] if q else S2_CASES):
+        gd = batched_rate("reduced", d, n, 100_000, repeat=1, signal_norm=mu, record_log=20)
+        fl = batched_rate("reduced", d, n, 0, repeat=repeat, signal_norm=mu, record_log=20,
+                          dynamics="flow", flow_time=500.0)
+        out.setdefault("flow", []).append({"d": d, "signal_norm": mu, "runs": n, "gd": gd,
+                                           "flow": fl})
+        rows.append([d, mu, n, _fmt(gd), _fmt(fl), f"{fl / gd:.0f}"])
+    _print_table("flow: runs/s to tau = 500, GD (10^5 steps of 5e-3) vs gradient flow (diffrax "
+                 "Tsit5, rtol 1e-5), reduced engine, 20 log-spaced records",
+                 ["d", "||mu||", "runs", "GD runs/s", "flow runs/s", "flow/GD"], rows,
+                 "target: flow >= 50x GD")
+    seeds = 1 if q else 10
+    sweep_file = Path(__file__).resolve().parent.parent / "sweeps" / "flow_horizons.toml"
+    with tempfile.TemporaryDirectory() as tmp:
+        wall, rc, err = _sweep_proc([str(sweep_file), "--seeds", str(seeds), "--out",
+                                     str(Path(tmp) / "out"), "--quiet"], Path(tmp) / "cache")
+    n_runs = 39 * 39 * seeds
+    out["flow_map"] = {"seeds": seeds, "runs": n_runs, "wall_s": wall, "rc": rc}
+    _print_table("flow: python -m phasebo.sweep sweeps/flow_horizons.toml (tau = 5000, empty "
+                 "compilation cache, figures and report included)",
+                 ["seeds", "runs", "wall s", "runs/s", "status"],
+                 [[seeds, n_runs, f"{wall:.1f}", f"{n_runs / wall:.0f}",
+                   "ok" if rc == 0 else f"FAILED rc={rc}: {err[-500:]}"]])
+
+
 def _sweep_proc(args: list[str], cache: Path) -> tuple[float, int, str]:
     env = dict(os.environ, PHASEBO_CACHE=str(cache))
     t = time.perf_counter()
@@ -546,7 +581,7 @@ def section_gpu(q: bool, out: dict) -> None:
 
 
 SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme", "heatmap",
-            "precision", "gpu")
+            "flow", "precision", "gpu")
 DEFAULT_SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme")
 
 

@@ -67,7 +67,7 @@ def test_results_schema(tmp_path):
     # only the model's own settings: no Magen or encoder settings on a prompt-attention row
     assert not {"radius_v", "mlp_width", "query_lambda", "n_layers"} & set(df.columns)
     assert list(df["regime"].cat.categories) == ["benign", "harmful", "not_overfitting", "fitting",
-                                                 "no_noise", "diverged"]
+                                                 "no_noise", "diverged", "unsolved"]
     assert df["regime"].cat.ordered
     assert df["run_id"].dtype == np.int64 and df["noisy_fit_step"].dtype == np.int64
     np.testing.assert_allclose(df["snr"], df["signal_norm"] / np.sqrt(df["d"]))

@@ -16,6 +16,7 @@ from ..bench import (
     section_blocks,
     section_dynamics,
     section_engines,
+    section_flow,
     section_gpu,
     section_heatmap,
     section_loop,
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "traces": lambda: section_traces(q, out),
         "readme": lambda: section_readme(q, out),
         "heatmap": lambda: section_heatmap(args.heatmap_seeds if not q else 1, out),
+        "flow": lambda: section_flow(q, repeat, out),
         "precision": lambda: section_precision(q, out, args.steps),
         "gpu": lambda: section_gpu(q, out),
     }
