@@ -44,6 +44,7 @@ import numpy as np
 
 N_CHECK = 100  # check times for the first-fit steps, log-spaced over the last DECADES decades
 DECADES = 5.0
+ACC_TOL = 0.005  # test accuracy moves by at most this over a settled decade
 STEP_MAX = np.iinfo(np.int32).max  # GD-equivalent steps are int32 in a run (checked in config)
 
 
@@ -69,9 +70,34 @@ def steps_of(t, lr) -> jax.Array:
     return jnp.clip(jnp.round(t / lr), 0, STEP_MAX).astype(jnp.int32)
 
 
+def decade_ends(flow_time: float) -> np.ndarray:
+    """``flow_time * 10^-j`` for ``j = DECADES .. 0``: where convergence is judged."""
+    return flow_time * 10.0 ** -np.arange(int(DECADES), -1, -1, dtype=float)
+
+
+def _cos_distance(u, v):
+    """``1 - cos(u, v)`` along the last axis (0 for two zero vectors)."""
+    nu, nv = jnp.linalg.norm(u, axis=-1), jnp.linalg.norm(v, axis=-1)
+    both = (nu > 0) & (nv > 0)
+    c = jnp.sum(u * v, axis=-1) / jnp.where(both, nu * nv, 1.0)
+    return jnp.where(both, 1.0 - c, jnp.where((nu > 0) | (nv > 0), 1.0, 0.0))
+
+
+def settled(margins, outputs, logits, test_acc, tol):
+    """Whether each decade ``(e_{i-1}, e_i]`` of :func:`decade_ends` is settled (``(J,)`` for
+    ``J + 1`` decade ends): the same training samples fitted at both ends, test accuracy within
+    :data:`ACC_TOL`, and the directions of the attention logits and of the outputs on the
+    training set each turned by a cosine distance of at most ``tol``."""
+    same_fit = jnp.all((margins[1:] > 0) == (margins[:-1] > 0), axis=-1)
+    acc = jnp.abs(test_acc[1:] - test_acc[:-1]) <= ACC_TOL
+    turn = jnp.maximum(_cos_distance(logits[1:], logits[:-1]),
+                       _cos_distance(outputs[1:], outputs[:-1]))
+    return same_fit & acc & (turn <= tol)
+
+
 def solve(state0, field: Callable, view: Callable, *, flow_time: float, records, record_fn,
           margin_fn: Callable, y, relevant: Callable | None, lr, rtol: float, atol: float,
-          max_steps: int, dtype):
+          max_steps: int, converge_tol: float, dtype):
     """Integrate ``field`` from ``state0`` to ``flow_time``.
 
     ``field(state) -> (state', (f, s, a))``: the flow's right-hand side and the forward pass it
@@ -94,6 +120,14 @@ def solve(state0, field: Callable, view: Callable, *, flow_time: float, records,
     subs = [diffrax.SubSaveAt(ts=jnp.asarray(checks, dtype),
                               fn=lambda t, yy, args: margin_fn(view(yy[0])[0], y)),
             diffrax.SubSaveAt(t1=True)]
+    ends = decade_ends(flow_time)
+
+    def at_end(t, yy, args):  # what convergence is judged on (settled)
+        f, s, a = view(yy[0])
+        lg = a[0] if isinstance(a, tuple) else a
+        return margin_fn(f, y), f, lg.reshape(-1), record_fn(yy[0], f, s, a)["test_acc"]
+
+    subs.append(diffrax.SubSaveAt(ts=jnp.asarray(ends, dtype), fn=at_end))
     if records:
         subs.append(diffrax.SubSaveAt(ts=jnp.asarray(records, dtype),
                                       fn=lambda t, yy, args: record_fn(yy[0], *view(yy[0]))))
@@ -117,15 +151,23 @@ def solve(state0, field: Callable, view: Callable, *, flow_time: float, records,
     nan = jnp.asarray(jnp.nan, dtype)
     state = jax.tree.map(lambda v: jnp.where(solved, v, nan), state)
     f, s, a = view(state)
+    ok = settled(*sol.ys[2], converge_tol) & solved
+    # the first decade end from which every later decade is settled
+    streak = jnp.flip(jnp.cumprod(jnp.flip(ok).astype(jnp.int32))).astype(bool)
+    since = jnp.argmax(streak)  # index into the decades; decade i ends at ends[i + 1]
+    converged = ok[-1]
+    t_conv = jnp.where(converged, jnp.asarray(ends, dtype)[1:][since], nan)
     buf = None
     if records:
-        buf = dict(sol.ys[2])
+        buf = dict(sol.ys[3])
         buf["step"] = steps_of(jnp.asarray(records, dtype), lr)
         buf["time"] = jnp.asarray(records, dtype)
     book = dict(first_fit=first_fit, all_fit=all_fit, cumS=jnp.where(solved, cum / lr, nan),
                 diverge=diverge, buf=buf,
                 margin_mid=jnp.where(reached[mid], jnp.min(margins[mid]), nan).astype(dtype),
-                solver_steps=sol.stats["num_steps"].astype(jnp.int32), solved=solved)
+                solver_steps=sol.stats["num_steps"].astype(jnp.int32), solved=solved,
+                converged=converged, converged_time=t_conv,
+                converged_step=jnp.where(converged, steps_of(t_conv, lr), never))
     return state, (f, s, a), book
 
 

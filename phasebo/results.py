@@ -55,7 +55,8 @@ LABEL_COLUMNS = ("status", "regime")
 GROUPS = ("settings", "run", "derived", "keys", "labels", "metrics")
 GROUPS_KEY = b"phasebo.column_groups"  # Parquet metadata: {group: [column, ...]} as JSON
 INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step",
-               "first_benign_step", "dip_step", "recovery_step")
+               "first_benign_step", "dip_step", "recovery_step", "converged_step",
+               "solver_steps")
 
 
 def derived_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -223,6 +223,10 @@ FLOW = (
       "controller", positive, requires=("dynamics", "flow"), silent_default=True),
     S("flow_max_steps", 20000, int, "static", "solver steps a flow may take before it stops "
       "(status unsolved)", at_least(1), requires=("dynamics", "flow"), silent_default=True),
+    S("flow_converge_tol", 1e-3, float, "static", "converged: over the last decade of flow time "
+      "the same labels fitted, test accuracy within 0.005, and the directions of the logits and "
+      "outputs turned by a cosine distance <= this", positive, requires=("dynamics", "flow"),
+      silent_default=True),
 )
 
 TRAINING = (

@@ -216,9 +216,10 @@ def flow_loop(state0, field: Callable, view: Callable, static, sw: dict, record_
         state0, field, view, flow_time=static.flow_time,
         records=flow.record_times(static.flow_time, static.record_log), record_fn=record_fn,
         margin_fn=margin_fn, y=batch.y, relevant=relevant, lr=sw["lr"], rtol=static.flow_rtol,
-        atol=static.flow_atol, max_steps=static.flow_max_steps, dtype=dtype)
+        atol=static.flow_atol, max_steps=static.flow_max_steps,
+        converge_tol=static.flow_converge_tol, dtype=dtype)
     ls = LoopState(**{k: book[k] for k in LoopState._fields})
-    return now, fwd, ls, {"solver_steps": book["solver_steps"], "solved": book["solved"]}
+    return now, fwd, ls, {k: v for k, v in book.items() if k not in LoopState._fields}
 
 
 def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None) -> dict:
@@ -250,7 +251,8 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
     final["status"] = jnp.where(ls.diverge >= 0, int(Status.DIVERGED),
                                 int(Status.OK)).astype(jnp.int32)
     if flowed is not None:
-        final["solver_steps"] = flowed["solver_steps"]
+        for k in ("solver_steps", "converged", "converged_step", "converged_time"):
+            final[k] = flowed[k]
         final["status"] = jnp.where(flowed["solved"], int(Status.OK),
                                     int(Status.UNSOLVED)).astype(jnp.int32)
     return final

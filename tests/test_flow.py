@@ -123,3 +123,29 @@ def test_record_times_are_log_spaced_and_end_at_the_horizon():
 def test_flow_settings_that_cannot_run_are_refused(settings, words):
     with pytest.raises(ConfigError, match=words):
         phasebo.spec_from_dict(settings)
+
+
+def test_settled_decades_need_the_same_fit_the_same_accuracy_and_the_same_direction():
+    m = np.array([[-1.0, 2.0], [1.0, 2.0], [1.5, 3.0], [1.6, 3.1]])  # sample 0 fitted at end 1
+    f = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.1], [1.0, 0.1]])
+    acc = np.array([0.9, 0.9, 0.9, 0.99])
+    ok = np.asarray(flow.settled(m, f, f * 3.0, acc, 1e-3))
+    # decade 1: a label changed sides; decade 2: the direction turned by 1 - cos = 5e-3;
+    # decade 3: test accuracy moved by 0.09
+    assert ok.tolist() == [False, False, False]
+    ok = np.asarray(flow.settled(m[1:], f[1:], f[1:], np.full(3, 0.9), 1e-2))
+    assert ok.tolist() == [True, True]
+
+
+def test_weight_decay_flows_converge_and_say_since_when():
+    """Magen et al.'s model with weight decay converges (the stationary point of the regularised
+    loss) well before tau = 2000; the same model without it has not by tau = 2 (test accuracy
+    is still moving as the flipped labels are memorised)."""
+    s = dict(model="single_head", n=20, d=900, signal_norm=12.0, n_test=200, dynamics="flow", lr=0.025,
+             record_log=0)
+    wd = run_one({**s, "weight_decay": 0.05, "flow_time": 2000.0}, seed=1)
+    assert bool(wd.final["converged"]) and int(wd.final["status"]) == 0
+    assert 0 < float(wd.final["converged_time"]) <= 2000.0
+    assert int(wd.final["converged_step"]) == round(float(wd.final["converged_time"]) / 0.025)
+    plain = run_one({**s, "flow_time": 2.0}, key=KEY)
+    assert not bool(plain.final["converged"]) and int(plain.final["converged_step"]) == -1
