@@ -48,13 +48,20 @@ ACC_TOL = 0.005  # test accuracy moves by at most this over a settled decade
 STEP_MAX = np.iinfo(np.int32).max  # GD-equivalent steps are int32 in a run (checked in config)
 
 
+def is_flow(static) -> bool:
+    """Whether a run's settings ask for the gradient flow (``dynamics = "flow"``)."""
+    return getattr(static, "dynamics", "gd") == "flow"
+
+
 def record_times(flow_time: float, record_log: int) -> tuple[float, ...]:
     """Flow times at which a flow run records its dynamics: 0, ``record_log`` log-spaced times
-    over the last :data:`DECADES` decades of ``flow_time``, and ``flow_time``."""
+    over the last :data:`DECADES` decades of ``flow_time``, and every decade end
+    ``flow_time * 10^-j`` (so the maps at tau / 10, tau / 100, ... are recorded exactly)."""
     if not record_log:
         return ()
     t = np.geomspace(flow_time * 10.0**-DECADES, flow_time, record_log)
-    return tuple(float(v) for v in np.unique(np.r_[0.0, t, flow_time]))
+    t = np.r_[0.0, t, decade_ends(flow_time)]
+    return tuple(float(v) for v in np.unique(np.round(t, 12)))
 
 
 def check_times(flow_time: float, records: tuple[float, ...]) -> tuple[np.ndarray, int]:

@@ -75,7 +75,8 @@ class Group:
     @property
     def label(self) -> str:
         p = self.program
-        shape = ", ".join(f"{k}={getattr(p, k)}" for k in ("n", "T", "steps") if hasattr(p, k))
+        horizon = "flow_time" if getattr(p, "dynamics", "gd") == "flow" else "steps"
+        shape = ", ".join(f"{k}={getattr(p, k)}" for k in ("n", "T", horizon) if hasattr(p, k))
         if self.engine.name != "reduced" and hasattr(p, "d"):
             shape = f"d={p.d}, " + shape
         return f"{self.model.name} on {self.engine.name} ({shape})"

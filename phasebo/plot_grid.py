@@ -98,7 +98,8 @@ def _seeds(k_min: int, k_max: int) -> str:
                                                                       else " seeds")
 
 
-TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "lr", "steps", "d", "signal_norm")
+TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "lr", "steps", "dynamics", "flow_time",
+                  "d", "signal_norm")
 
 
 def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
@@ -117,9 +118,12 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         parts.append(f"{model}" + (f" ({train})" if isinstance(train, str) and train else ""))
     for c in TITLE_SETTINGS[2:]:
         v = one(c)
+        if c == "dynamics" and v == "flow":
+            parts.append("gradient flow")
         if v is None or isinstance(v, str) or (isinstance(v, float) and not np.isfinite(v)):
             continue
-        parts.append(f"{_num(v)} steps" if c == "steps" else f"{_short(c)} {_num(v)}")
+        parts.append(f"{_num(v)} steps" if c == "steps" else f"τ {_num(v)}" if c == "flow_time"
+                     else f"{_short(c)} {_num(v)}")
     return ", ".join(parts)
 
 

@@ -32,6 +32,7 @@ import optax
 
 from . import flow
 from .data import Batch
+from .flow import is_flow
 from .metrics import (
     GROUPS,
     group_masks,
@@ -257,9 +258,6 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
                                     int(Status.UNSOLVED)).astype(jnp.int32)
     return final
 
-
-def is_flow(static) -> bool:
-    return getattr(static, "dynamics", "gd") == "flow"
 
 
 # --------------------------------------------------------------------------------------------

@@ -110,7 +110,8 @@ def test_a_flow_sweep_writes_gd_equivalent_steps_and_flow_time(tmp_path):
 
 def test_record_times_are_log_spaced_and_end_at_the_horizon():
     t = flow.record_times(500.0, 20)
-    assert t[0] == 0.0 and t[-1] == 500.0 and len(t) == 21
+    assert t[0] == 0.0 and t[-1] == 500.0 and len(t) == 21 + 4  # and the inner decade ends
+    assert {5e-3, 5e-2, 0.5, 5.0, 50.0} <= set(t)
     assert t[1] == pytest.approx(500.0 * 10**-flow.DECADES)
     checks, mid = flow.check_times(500.0, t)
     assert checks[mid] == 250.0 and checks[-1] == 500.0

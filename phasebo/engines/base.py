@@ -21,8 +21,9 @@ import dataclasses
 from typing import ClassVar
 
 from ..data import reduced_d
+from ..flow import is_flow
 from ..metrics import relevant_mass
-from ..train import RunOutput, dtype_of, evaluate, finish, flow_loop, is_flow, recorder_fn, run_loop
+from ..train import RunOutput, dtype_of, evaluate, finish, flow_loop, recorder_fn, run_loop
 from ..train import run as direct_run
 from .span import (
     UNROLL,

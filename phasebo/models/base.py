@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 import jax
@@ -34,7 +35,7 @@ import numpy as np
 
 from .. import rules
 from ..data import Batch, Distribution, label_values
-from ..flow import STEP_MAX, record_times
+from ..flow import STEP_MAX, is_flow, record_times
 from ..metrics import binary_margin, logistic_loss
 from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting, record_steps
 
@@ -191,7 +192,15 @@ class Model(abc.ABC):
     def cost_per_run(self, static) -> float:
         """Flops of one direct run (an estimate, for planning and the dry run)."""
         d, n, T = getattr(static, "d", 1), static.n, getattr(static, "T", 1)
-        return 6.0 * n * T * d * max(getattr(static, "steps", 1), 1)
+        return 6.0 * n * T * d * max(self.loop_steps(static), 1)
+
+    def loop_steps(self, static) -> int:
+        """Gradient evaluations of one run, for the cost estimates: its steps, or for a flow
+        about 6 per solver step (Tsit5) and ~30 solver steps per decade of flow time (the
+        measured p-only maps take 35-600 steps to tau = 5000; a weight-decayed flow more)."""
+        if is_flow(static):
+            return int(180 * (1 + math.log10(1 + static.flow_time)))
+        return getattr(static, "steps", 0)
 
     def item(self, static) -> int:
         return 8 if static.dtype == "float64" else 4
@@ -200,14 +209,14 @@ class Model(abc.ABC):
         """The steps at which a run records its dynamics (none for a model that does not
         train): ``record_every`` and ``record_log`` over ``steps``
         (:func:`phasebo.settings.record_steps`)."""
-        if not self.trains or getattr(static, "dynamics", "gd") == "flow":
+        if not self.trains or is_flow(static):
             return ()
         return tuple(record_steps(static.steps, static.record_every, static.record_log))
 
     def n_records(self, static) -> int:
         """How many dynamics rows one run writes (the memory and disk estimates scale with it):
         its recorded steps, or a flow's recorded times (:func:`phasebo.flow.record_times`)."""
-        if self.trains and getattr(static, "dynamics", "gd") == "flow":
+        if self.trains and is_flow(static):
             return len(record_times(static.flow_time, static.record_log))
         return len(self.recorded_steps(static))
 

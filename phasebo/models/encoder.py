@@ -141,4 +141,4 @@ class EncoderModel(SakamotoSampledModel):
 
     def cost_per_run(self, static):
         d, w, n = static.d, static.mlp_width, static.n
-        return 6.0 * n * (3 * d * d + 2 * d * w) * max(static.steps, 1)
+        return 6.0 * n * (3 * d * d + 2 * d * w) * max(self.loop_steps(static), 1)

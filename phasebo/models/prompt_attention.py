@@ -175,7 +175,7 @@ class PromptAttentionModel(Model):
         return int(b * self.item(static))
 
     def cost_per_run(self, static):
-        d, n, T, steps = static.d, static.n, static.T, max(static.steps, 1)
+        d, n, T, steps = static.d, static.n, static.T, max(self.loop_steps(static), 1)
         c = 6.0 * n * T * d * steps
         if "W" in static.train:
             c += 6.0 * d * d * steps
@@ -285,7 +285,7 @@ class PromptAttentionModel(Model):
 
     def span_cost(self, static, reduced):
         N, d = static.n * static.T, static.d
-        steps = max(static.steps, 1)
+        steps = max(self.loop_steps(static), 1)
         c = steps * (2.0 * N * N + 40.0 * N) + self.n_records(static) * 20.0 * static.n_test
         if reduced:
             return c + 2.0 * N**3

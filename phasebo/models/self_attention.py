@@ -143,7 +143,7 @@ class SelfAttentionModel(MagenDataModel):
         return int((b + self.n_records(static) * (60 + 4 * T)) * self.item(static))
 
     def cost_per_run(self, static):
-        return 6.0 * static.d * (static.n * static.T + static.d) * max(static.steps, 1)
+        return 6.0 * static.d * (static.n * static.T + static.d) * max(self.loop_steps(static), 1)
 
 
 class MultiLayerModel(MagenDataModel):
@@ -196,5 +196,5 @@ class MultiLayerModel(MagenDataModel):
 
     def cost_per_run(self, static):
         L, d, N = static.n_layers, static.d, static.n * static.T
-        return 6.0 * L * (N * d * d + N * static.T * d) * max(static.steps, 1)
+        return 6.0 * L * (N * d * d + N * static.T * d) * max(self.loop_steps(static), 1)
 

@@ -135,7 +135,8 @@ class SingleHeadModel(MagenDataModel):
 
     def span_cost(self, static, reduced):
         N, d = static.n * static.T, static.d
-        loop = max(static.steps, 1) * (2.0 * N * N + 40.0 * N) + self.n_records(static) * 20.0 * static.n_test
+        loop = (max(self.loop_steps(static), 1) * (2.0 * N * N + 40.0 * N)
+                + self.n_records(static) * 20.0 * static.n_test)
         if reduced:
             return 2 * loop + 2.0 * N**3
         return 2 * loop + 2.0 * N * N * d + 8.0 * N * d * (self.n_records(static) + 1)

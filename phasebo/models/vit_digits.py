@@ -498,4 +498,4 @@ class ViTDigitsModel(Model):
 
     def cost_per_run(self, static):
         w, T = static.vit_width, N_TOKENS
-        return 2.0 * static.n * T * 12 * w * w * max(static.steps, 1) * 3
+        return 2.0 * static.n * T * 12 * w * w * max(self.loop_steps(static), 1) * 3
