@@ -175,6 +175,10 @@ def rows(spec, g, cols: list, out) -> tuple:
     if flow:  # a flow's horizon in GD-equivalent steps of its lr (phasebo.flow)
         res["steps"] = np.round(res["flow_time"].to_numpy(float)
                                 / res["lr"].to_numpy(float)).astype(np.int64)
+    else:  # a GD run has no flow settings: empty, not their defaults
+        for k, st in model.settings.items():
+            if st.requires == ("dynamics", "flow"):
+                res[k] = np.nan
     final = {k: np.asarray(v)[:n] for k, v in out.final.items()}
     metrics = pd.DataFrame(final)
     labels = {int(s): s.label for s in Status}

@@ -150,3 +150,14 @@ def test_weight_decay_flows_converge_and_say_since_when():
     assert int(wd.final["converged_step"]) == round(float(wd.final["converged_time"]) / 0.025)
     plain = run_one({**s, "flow_time": 2.0}, key=KEY)
     assert not bool(plain.final["converged"]) and int(plain.final["converged_step"]) == -1
+
+
+def test_gd_and_flow_side_by_side_share_the_time_axis(tmp_path):
+    spec = phasebo.spec_from_dict(dict(d=100, n=8, T=4, n_test=50, lr=0.01, record_log=5),
+                                  cases=[{"dynamics": "gd", "steps": 200},
+                                         {"dynamics": "flow", "flow_time": 2.0}], name="both")
+    df = run_sweep(spec, tmp_path / "b", quiet=True, plots=False).set_index("dynamics")
+    assert (df["time"] == 2.0).all() and (df["steps"] == 200).all()
+    assert np.isnan(df.loc["gd", "flow_time"]) and df.loc["flow", "flow_time"] == 2.0
+    dyn = pd.read_parquet(tmp_path / "b" / "dynamics.parquet")
+    np.testing.assert_allclose(dyn["time"], dyn["step"] * 0.01, atol=0.005 + 1e-9)
