@@ -213,12 +213,14 @@ def flow_loop(state0, field: Callable, view: Callable, static, sw: dict, record_
               margin_fn: Callable, batch: Batch, relevant: Callable | None, dtype):
     """The gradient flow of ``field`` to ``static.flow_time`` (:func:`phasebo.flow.solve`) with
     the bookkeeping of :func:`run_loop`: ``(now, (f, s, a), LoopState, flow outputs)``."""
+    records = flow.record_times(static.flow_time, static.record_log)
+    size = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state0))
     now, fwd, book = flow.solve(
-        state0, field, view, flow_time=static.flow_time,
-        records=flow.record_times(static.flow_time, static.record_log), record_fn=record_fn,
+        state0, field, view, flow_time=static.flow_time, records=records, record_fn=record_fn,
         margin_fn=margin_fn, y=batch.y, relevant=relevant, lr=sw["lr"], rtol=static.flow_rtol,
         atol=static.flow_atol, max_steps=static.flow_max_steps,
-        converge_tol=static.flow_converge_tol, dtype=dtype)
+        converge_tol=static.flow_converge_tol, dtype=dtype,
+        defer=len(records) * size <= DEFER_BYTES)
     ls = LoopState(**{k: book[k] for k in LoopState._fields})
     return now, fwd, ls, {k: v for k, v in book.items() if k not in LoopState._fields}
 
