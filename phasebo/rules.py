@@ -42,6 +42,22 @@ def project_params(project: Callable) -> optax.GradientTransformation:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+def standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` with its init and update traced under JAX's standard dtype promotion: optax's
+    adaptive rules and schedules mix Python floats with the int32 step count, which a strict
+    promotion setting (phasebo's tests, a user's) refuses."""
+
+    def init_fn(params):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.init(params)
+
+    def update_fn(updates, state, params=None):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
 def ball_projection(groups: Callable, radii: tuple) -> Callable:
     """``params -> params`` with ``groups(params) -> tuple of subtrees`` projected on l2 balls of
     ``radii`` (each subtree as a whole: its norm is the l2 norm of all its leaves together)."""
@@ -56,18 +72,32 @@ def ball_projection(groups: Callable, radii: tuple) -> Callable:
 
 def make_optimizer(static, sw: dict, groups: Callable | None = None,
                    radii: tuple[str, ...] = ()) -> optax.GradientTransformation:
-    """The optimiser of a run: ``sgd(lr)``, preceded by weight decay when the model has the
-    ``weight_decay`` setting, followed by the projection when ``static.project``.
+    """The optimiser of a run: ``sgd(lr)`` (or ``adam``; ``adamw`` with ``weight_decay`` as its
+    decoupled decay), preceded by weight decay when the model has the ``weight_decay`` setting
+    (sgd, adam), by gradient clipping when ``static.clip_norm > 0``, with a linear decay of the
+    step size to 0 over ``static.steps`` when ``static.lr_schedule = "linear"``, and followed by
+    the projection when ``static.project``.
 
     ``groups(params) -> tuple of subtrees`` names the parameters that the radii settings
     ``radii`` (e.g. ``("radius_v", "radius_p")``) constrain; required when ``static.project``.
     """
     parts = []
-    if "weight_decay" in sw:
-        parts.append(optax.add_decayed_weights(sw["weight_decay"]))
-    parts.append(optax.sgd(sw["lr"]))
+    name = getattr(static, "optimizer", "sgd")
+    lr = sw["lr"]
+    if getattr(static, "lr_schedule", "constant") == "linear":
+        lr = optax.linear_schedule(lr, 0.0, max(static.steps, 1))
+    if getattr(static, "clip_norm", 0.0) > 0:
+        parts.append(optax.clip_by_global_norm(static.clip_norm))
+    if name == "adamw":
+        parts.append(optax.adamw(lr, weight_decay=sw.get("weight_decay", 0.0)))
+    else:
+        if "weight_decay" in sw:
+            parts.append(optax.add_decayed_weights(sw["weight_decay"]))
+        parts.append(optax.adam(lr) if name == "adam" else optax.sgd(lr))
     if getattr(static, "project", False):
         if groups is None:
             raise ValueError("this model has no norm groups; project = true is not supported")
         parts.append(project_params(ball_projection(groups, tuple(sw[r] for r in radii))))
-    return optax.chain(*parts) if len(parts) > 1 else parts[0]
+    tx = optax.chain(*parts) if len(parts) > 1 else parts[0]
+    plain = name == "sgd" and getattr(static, "lr_schedule", "constant") == "constant"
+    return tx if plain else standard_promotion(tx)

@@ -208,6 +208,18 @@ LABELS = (
       choices=("balanced", "iid")),
 )
 
+# The optimiser (phasebo.rules, optax); added after runs were stored (silent_default)
+OPTIMIZER = (
+    S("optimizer", "sgd", str, "static", "sgd (full-batch GD, the papers' rule), adam or adamw "
+      "(optax; adamw's decoupled decay is weight_decay where the model has it)",
+      choices=("sgd", "adam", "adamw"), silent_default=True),
+    S("clip_norm", 0.0, float, "static", "clip the gradient to this global l2 norm before the "
+      "update (optax.clip_by_global_norm; 0: no clipping)", nonneg, silent_default=True),
+    S("lr_schedule", "constant", str, "static", "constant, or linear: the step size decays "
+      "linearly from lr to 0 over the run's steps (the Hugging Face Trainer's default)",
+      choices=("constant", "linear"), silent_default=True),
+)
+
 # Gradient flow (phasebo.flow): settings added after runs were stored, so at their defaults they
 # leave every earlier run's id and numbers as they were (silent_default)
 FLOW = (
@@ -239,6 +251,7 @@ TRAINING = (
       nonneg, identity=False),
     S("track", (), "ints", "static", "training samples whose per-token attention is recorded "
       "(empty: the first clean and the first flipped sample)", nonneg_ints, identity=False),
+    *OPTIMIZER,
     *FLOW,
 )
 

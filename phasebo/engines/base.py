@@ -158,7 +158,7 @@ class SpanEngine(Engine):
     steps_shared_noise = True
 
     def supports(self, model, static):
-        return model.span_supports(static, reduced=self.reduced)
+        return model.plain_rule(static) or model.span_supports(static, reduced=self.reduced)
 
     def run(self, model, static, sw, key, grouped=False):
         return run_span(model, static, sw, key, reduced=self.reduced, grouped=grouped)

@@ -92,6 +92,13 @@ class Model(abc.ABC):
         if self.data is not None:
             self.data.check(r)
         if r.get("dynamics") == "flow":
+            rule = [f"{k} = {r[k]!r}" for k, v in (("optimizer", "sgd"), ("clip_norm", 0.0),
+                                                   ("lr_schedule", "constant"))
+                    if r.get(k, v) != v]
+            if rule:
+                raise ConfigError(f"{rule[0]} has no gradient flow (the flow is the limit of plain "
+                                  f"full-batch GD); fix: dynamics = \"gd\", or leave it at its "
+                                  "default")
             if r.get("project"):
                 raise ConfigError("project = true (norm-constrained GD) has no gradient flow in "
                                   "phasebo; fix: dynamics = \"gd\", or project = false (weight "
@@ -227,6 +234,19 @@ class Model(abc.ABC):
     def span_supports(self, static, reduced: bool) -> str | None:
         """Why the gram (or reduced) engine cannot run ``static`` (None: it can)."""
         return "this model has no span form"
+
+    @staticmethod
+    def plain_rule(static) -> str | None:
+        """Why the span engines cannot run ``static``'s optimiser (None: plain GD, which they
+        run exactly on the span coefficients)."""
+        if getattr(static, "optimizer", "sgd") != "sgd":
+            return (f"optimizer = \"{static.optimizer}\" is not a linear map of the gradient, so "
+                    "the parameters leave the span form; use engine = \"direct\"")
+        if getattr(static, "clip_norm", 0.0) > 0 or getattr(static, "lr_schedule",
+                                                           "constant") != "constant":
+            return ("gradient clipping and step-size schedules run on engine = \"direct\" (the "
+                    "span engines step with a constant lr)")
+        return None
 
     def span_problem(self, static, sw: dict, key: jax.Array, reduced: bool):
         """The run in span coordinates (:class:`phasebo.engines.span.SpanProblem`)."""

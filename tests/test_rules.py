@@ -1,0 +1,73 @@
+"""The optimiser settings (phasebo.rules): adam and adamw, clipping and a linear step-size decay
+against a NumPy reference of the same updates, and refused where they cannot run."""
+
+import jax
+import numpy as np
+import pytest
+
+import phasebo
+from phasebo.settings import ConfigError
+from phasebo.sweep import run_one
+
+KEY = jax.random.PRNGKey(3)
+BASE = dict(d=60, n=8, T=4, n_test=50, signal_norm=6.0, dtype="float64", engine="direct", lr=0.05)
+
+
+def test_adam_with_clipping_and_a_linear_decay_against_a_numpy_reference(x64):
+    """Three steps of p (prompt attention, float64): the run's final p against the NumPy
+    reference's clipped Adam updates with lr decaying linearly to 0 over the steps, applied to
+    the gradients of the same loss (jax.grad of the model's own forward pass, the same data)."""
+    from phasebo.sweep import prepare_one
+
+    s = dict(BASE, steps=3, optimizer="adam", clip_norm=0.05, lr_schedule="linear")
+    model, _, static, sw, key = prepare_one(s, key=KEY)
+    k_data, _, k_init = model.keys(key)
+    batch = model.sample(static, sw, k_data, test=False)
+    params, fixed = model.init(static, sw, k_init, batch)
+    import equinox as eqx
+
+    aux = model.precompute(eqx.combine(params, fixed), batch, static)
+
+    def loss(p):
+        f, _, _ = model.forward(eqx.combine(eqx.tree_at(lambda m: m.p, params, p), fixed),
+                                batch, aux)
+        return model.margin_loss(f, batch.y)[1]
+
+    p = np.asarray(params.p)
+    m = v = np.zeros_like(p)
+    for t in range(3):
+        g = np.asarray(jax.grad(loss)(p))
+        g = g * min(1.0, 0.05 / np.linalg.norm(g))
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        u = (m / (1 - 0.9 ** (t + 1))) / (np.sqrt(v / (1 - 0.999 ** (t + 1))) + 1e-8)
+        p = p - 0.05 * (1 - t / 3) * u
+    out = run_one(s, key=KEY)
+    # 1e-7: optax forms its bias corrections 1 - b**t from the int32 step count
+    assert float(out.final["p_norm"]) == pytest.approx(np.linalg.norm(p), rel=1e-7)
+    assert float(out.final["p_align_e1"]) == pytest.approx(p[0] / np.linalg.norm(p), rel=1e-6)
+    plain = run_one(dict(BASE, steps=3), key=KEY)
+    assert not np.isclose(float(out.final["p_norm"]), float(plain.final["p_norm"]))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adaptive_optimizers_change_the_run_and_fit_faster(optimizer):
+    s = dict(BASE, dtype="float32", steps=30, weight_decay=0.01)
+    sgd = run_one(s, key=KEY)
+    ada = run_one(dict(s, optimizer=optimizer), key=KEY)
+    assert float(ada.final["train_loss"]) < float(sgd.final["train_loss"])
+
+
+@pytest.mark.parametrize("settings, words", [
+    (dict(optimizer="adam", engine="reduced"), "optimizer = \"adam\" is not a linear map"),
+    (dict(clip_norm=1.0, engine="gram"), "gradient clipping and step-size schedules"),
+    (dict(dynamics="flow", optimizer="adam"), "optimizer = 'adam' has no gradient flow"),
+    (dict(dynamics="flow", lr_schedule="linear"), "lr_schedule = 'linear' has no gradient flow"),
+])
+def test_optimizer_settings_are_refused_where_they_cannot_run(settings, words):
+    with pytest.raises(ConfigError, match=words):
+        phasebo.spec_from_dict(settings)
+
+
+def test_auto_runs_adam_on_the_direct_engine():
+    assert run_one(dict(BASE, dtype="float32", engine="auto", steps=2,
+                        optimizer="adam")).final["status"] == 0
