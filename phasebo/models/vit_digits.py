@@ -357,7 +357,7 @@ class ViTDigitsModel(Model):
     track_logits = False
     own_settings = (
         LABELS[0],
-        LABELS[1].with_default("fixed_count"),
+        LABELS[1].with_default("bernoulli"),  # the paper: each label replaced w.p. r
         Setting("classes", (), "ints", "static", "digit classes of the fine-tuning task (empty: "
                 "all ten; two classes: a binary task)", _ints),
         Setting("vit_width", 32, int, "static", "ViT width (the pretrained backbone's)",
