@@ -202,11 +202,12 @@ class Model(abc.ABC):
         return 6.0 * n * T * d * max(self.loop_steps(static), 1)
 
     def loop_steps(self, static) -> int:
-        """Gradient evaluations of one run, for the cost estimates: its steps, or for a flow
-        about 6 per solver step (Tsit5) and ~30 solver steps per decade of flow time (the
-        measured p-only maps take 35-600 steps to tau = 5000; a weight-decayed flow more)."""
+        """GD steps' worth of work in one run, for the cost estimates: its steps, or for a flow
+        6 gradient evaluations per solver step (Tsit5), ~30 solver steps per decade of flow time
+        (the p-only map to tau = 5000 took 81 on average; a weight-decayed flow takes more) and
+        4x a GD step's time per evaluation (the solver's own work, measured on 2 cores)."""
         if is_flow(static):
-            return int(180 * (1 + math.log10(1 + static.flow_time)))
+            return int(4 * 180 * (1 + math.log10(1 + static.flow_time)))
         return getattr(static, "steps", 0)
 
     def item(self, static) -> int:
