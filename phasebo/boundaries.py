@@ -235,7 +235,7 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
         raise ValueError(f"log = True needs {x} > 0; fix: log=False")
     rng = np.random.default_rng(seed)
     rows = []
-    for key, d in df.groupby(keys, sort=True, observed=True):
+    for key, d in df.groupby(keys, sort=True, observed=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         rows.append({**dict(zip(keys, key)),
                      **_slice(d, x, regime, tuple(between), log, n_boot, level, rng)})
@@ -292,7 +292,7 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
     rng = np.random.default_rng(seed)
     alpha = (1 - ci) / 2
     rows = []
-    for key, d in df.groupby(keys, sort=True, observed=True):
+    for key, d in df.groupby(keys, sort=True, observed=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         d = d.assign(_unit=_seed_units(d))
         grid = d.pivot_table(index="_unit", columns=x, values=value, aggfunc="mean")

@@ -29,8 +29,10 @@ column holds ``tau`` itself (``lr x step`` for a GD run), so flow and GD runs sh
   the first check time gets that time), in GD-equivalent steps;
 - ``margin_mid`` is the smallest margin at ``tau / 2`` (the still-fitting rule's earlier point);
 - a solve that does not reach ``tau`` (``flow_max_steps`` spent, or a non-finite state) is data:
-  status ``unsolved``, ``diverge_step`` the first check time it did not reach, and the metrics at
-  the horizon NaN. ``solver_steps`` counts the solver's steps.
+  status ``unsolved`` (regime ``unsolved``, left out of the maps), ``diverge_step`` the first
+  check time it did not reach, its losses and norms at the horizon and its recorded metrics past
+  that time NaN (its final accuracies read 0, as a diverged GD run's). ``solver_steps`` counts
+  the solver's steps.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ N_CHECK = 100  # check times for the first-fit steps, log-spaced over the last D
 DECADES = 5.0
 ACC_TOL = 0.005  # test accuracy moves by at most this over a settled decade
 STEP_MAX = np.iinfo(np.int32).max  # GD-equivalent steps are int32 in a run (checked in config)
+STEP_MAX_F32 = 2**24  # ... and exact integers in float32 up to here
 
 
 def is_flow(static) -> bool:
@@ -74,7 +77,7 @@ def check_times(flow_time: float, records: tuple[float, ...]) -> tuple[np.ndarra
 
 def steps_of(t, lr) -> jax.Array:
     """GD-equivalent steps ``round(t / lr)`` (int32)."""
-    return jnp.clip(jnp.round(t / lr), 0, STEP_MAX).astype(jnp.int32)
+    return jnp.clip(jnp.round(t / lr), 0, STEP_MAX - 255).astype(jnp.int32)  # f32-exact bound
 
 
 def decade_ends(flow_time: float) -> np.ndarray:
@@ -93,10 +96,11 @@ def _cos_distance(u, v):
 def settled(margins, outputs, logits, test_acc, tol):
     """Whether each decade ``(e_{i-1}, e_i]`` of :func:`decade_ends` is settled (``(J,)`` for
     ``J + 1`` decade ends): the same training samples fitted at both ends, test accuracy within
-    :data:`ACC_TOL`, and the directions of the attention logits and of the outputs on the
-    training set each turned by a cosine distance of at most ``tol``."""
+    :data:`ACC_TOL`, and the directions of the attention logits (the first entry of a model's
+    logits: the first layer's for a stack) and of the outputs on the training set each turned
+    by a cosine distance of at most ``tol``."""
     same_fit = jnp.all((margins[1:] > 0) == (margins[:-1] > 0), axis=-1)
-    acc = jnp.abs(test_acc[1:] - test_acc[:-1]) <= ACC_TOL
+    acc = jnp.abs(test_acc[1:] - test_acc[:-1]) <= ACC_TOL + 1e-6  # accuracies are k / n_test
     turn = jnp.maximum(_cos_distance(logits[1:], logits[:-1]),
                        _cos_distance(outputs[1:], outputs[:-1]))
     return same_fit & acc & (turn <= tol)
@@ -140,7 +144,8 @@ def solve(state0, field: Callable, view: Callable, *, flow_time: float, records,
     def at_end(t, yy, args):  # what convergence is judged on (settled)
         f, s, a = view(yy[0])
         lg = a[0] if isinstance(a, tuple) else a
-        return margin_fn(f, y), f, lg.reshape(-1), record_fn(yy[0], f, s, a)["test_acc"]
+        return (margin_fn(f, y), f.reshape(-1), lg.reshape(-1),
+                record_fn(yy[0], f, s, a)["test_acc"])
 
     subs.append(diffrax.SubSaveAt(ts=jnp.asarray(ends, dtype), fn=at_end))
     if records:  # deferred: save the states, and compute the metrics after the solve, batched
@@ -169,7 +174,7 @@ def solve(state0, field: Callable, view: Callable, *, flow_time: float, records,
     state = jax.tree.map(lambda v: jnp.where(solved, v, nan), state)
     f, s, a = view(state)
     ok = settled(*sol.ys[2], converge_tol) & solved
-    # the first decade end from which every later decade is settled
+    # converged since the end of the first decade of the final settled streak
     streak = jnp.flip(jnp.cumprod(jnp.flip(ok).astype(jnp.int32))).astype(bool)
     since = jnp.argmax(streak)  # index into the decades; decade i ends at ends[i + 1]
     converged = ok[-1]
@@ -178,6 +183,11 @@ def solve(state0, field: Callable, view: Callable, *, flow_time: float, records,
     if records:
         buf = dict(jax.vmap(lambda st: record_fn(st, *view(st)))(sol.ys[3]) if defer
                    else sol.ys[3])
+        # a recorded time the solve did not reach holds no state: NaN, not the metrics of inf
+        at = np.searchsorted(checks, np.asarray(records))  # records > 0 are check times
+        got = jnp.where(jnp.asarray(records) > 0, reached[np.minimum(at, len(checks) - 1)], True)
+        buf = {k: jnp.where(got, v, jnp.nan) if jnp.issubdtype(v.dtype, jnp.floating) else v
+               for k, v in buf.items()}
         buf["step"] = steps_of(jnp.asarray(records, dtype), lr)
         buf["time"] = jnp.asarray(records, dtype)
     book = dict(first_fit=first_fit, all_fit=all_fit, cumS=jnp.where(solved, cum / lr, nan),

@@ -211,7 +211,8 @@ LABELS = (
 # The optimiser (phasebo.rules, optax); added after runs were stored (silent_default)
 OPTIMIZER = (
     S("optimizer", "sgd", str, "static", "sgd (full-batch GD, the papers' rule), adam or adamw "
-      "(optax; adamw's decoupled decay is weight_decay where the model has it)",
+      "(optax; adamw's decoupled decay is weight_decay where the model has it, so without "
+      "it, or at 0, adamw is adam)",
       choices=("sgd", "adam", "adamw"), silent_default=True),
     S("clip_norm", 0.0, float, "static", "clip the gradient to this global l2 norm before the "
       "update (optax.clip_by_global_norm; 0: no clipping)", nonneg, silent_default=True),
@@ -224,7 +225,8 @@ OPTIMIZER = (
 # leave every earlier run's id and numbers as they were (silent_default)
 FLOW = (
     S("dynamics", "gd", str, "static", "gd: full-batch gradient descent for `steps` steps of `lr`; "
-      "flow: the gradient flow theta' = -grad L to flow time `flow_time`, integrated by diffrax "
+      "flow: the gradient flow theta' = -grad L - weight_decay theta to flow time `flow_time`, "
+      "integrated by diffrax "
       "(Tsit5, adaptive steps); its step axis counts GD-equivalent steps of `lr` (time / lr)",
       choices=("gd", "flow"), silent_default=True),
     S("flow_time", 500.0, float, "static", "the flow's horizon tau (flow time; GD's equivalent "

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import rules
 from ..data import Batch, Distribution, label_values
-from ..flow import STEP_MAX, is_flow, record_times
+from ..flow import STEP_MAX, STEP_MAX_F32, is_flow, record_times
 from ..metrics import binary_margin, logistic_loss
 from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting, record_steps
 
@@ -103,11 +103,13 @@ class Model(abc.ABC):
                 raise ConfigError("project = true (norm-constrained GD) has no gradient flow in "
                                   "phasebo; fix: dynamics = \"gd\", or project = false (weight "
                                   "decay has one: theta' = -grad L - lambda theta)")
-            if r["flow_time"] / r["lr"] > STEP_MAX:
+            most = STEP_MAX_F32 if r.get("dtype", "float32") == "float32" else STEP_MAX - 255
+            if r["flow_time"] / r["lr"] > most:
                 raise ConfigError(f"flow_time = {r['flow_time']:g} is {r['flow_time'] / r['lr']:.3g} "
                                   f"GD-equivalent steps of lr = {r['lr']:g}, more than a step "
-                                  f"count holds ({STEP_MAX}); fix: a larger lr (the flow's step "
-                                  "unit) or a shorter flow_time")
+                                  f"count holds exactly in {r.get('dtype', 'float32')} ({most}); "
+                                  "fix: a larger lr (the flow's step unit), a shorter "
+                                  "flow_time, or dtype = \"float64\"")
         if r.get("track"):
             bad = [i for i in r["track"] if i >= r["n"]]
             if bad:
