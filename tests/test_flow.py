@@ -60,7 +60,9 @@ FLOW_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(FLOW_CASES))
+# W + p in the default suite; the other two with -m slow (the suite's time on 2 cores)
+@pytest.mark.parametrize("case", [c if c == "W_and_p" else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in FLOW_CASES])
 def test_flow_on_the_gram_engine_equals_the_direct_flow(x64, case):
     s = dict(FLOW_CASES[case], n_test=100, dtype="float64", dynamics="flow", flow_time=3.0,
              lr=0.01, record_log=6, **TIGHT)
