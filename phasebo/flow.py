@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .metrics import all_finite
+
 N_CHECK = 100  # check times for the first-fit steps, log-spaced over the last DECADES decades
 DECADES = 5.0
 ACC_TOL = 0.005  # test accuracy moves by at most this over a settled decade
@@ -158,7 +160,7 @@ def solve(state0, field: Callable, view: Callable, *, flow_time: float, records,
         y0=(state0, jnp.zeros(n, dtype)), saveat=diffrax.SaveAt(subs=subs),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol), max_steps=max_steps,
         throw=False)
-    solved = (sol.result == diffrax.RESULTS.successful) & _finite(sol.ys[1])
+    solved = (sol.result == diffrax.RESULTS.successful) & all_finite(sol.ys[1])
     margins = sol.ys[0]  # (checks, n); not finite where the solve did not reach
     reached = jnp.all(jnp.isfinite(margins), axis=1)
     times = jnp.asarray(checks, dtype)
@@ -211,7 +213,3 @@ def _crossing(m, reached, times, lr) -> jax.Array:
     w = jnp.where((k > 0) & (m0 <= 0), -m0 / jnp.where(m1 > m0, m1 - m0, 1.0), 1.0)
     t = jnp.exp(lt0 + jnp.clip(w, 0.0, 1.0) * (lt1 - lt0))
     return jnp.where(jnp.any(fitted, axis=0), steps_of(t, lr), jnp.int32(-1))
-
-
-def _finite(tree) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))

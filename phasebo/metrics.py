@@ -205,3 +205,8 @@ def tree_norm(tree) -> jax.Array:
 def margin_norm(margin_min, v_norm):
     """``min_i y_i f_i / ||v||``: the normalised margin (f is 1-homogeneous in v)."""
     return jnp.where(v_norm > 0, margin_min / jnp.where(v_norm > 0, v_norm, 1.0), 0.0)
+
+
+def all_finite(tree) -> jax.Array:
+    """Whether every array of ``tree`` is finite (a run's divergence and a flow's solve)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))

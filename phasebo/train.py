@@ -35,6 +35,7 @@ from .data import Batch
 from .flow import is_flow
 from .metrics import (
     GROUPS,
+    all_finite,
     group_masks,
     masked_mean,
     relevant_mass,
@@ -164,10 +165,6 @@ class Recorder(NamedTuple):
         return {name: buf[:, j] for j, name in enumerate(self.names)}
 
 
-def all_finite(tree) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-
-
 def run_loop(state, step: Callable, final: Callable, steps: int, record_at, record_fn, *,
              margin_fn: Callable, batch: Batch, relevant: Callable | None, dtype,
              view: Callable | None = None, unroll: int = 1):
@@ -226,8 +223,8 @@ def flow_loop(state0, field: Callable, view: Callable, static, sw: dict, record_
 
 
 def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None) -> dict:
-    """Add the step-wise bookkeeping to the final metrics (``flowed``: a flow's
-    ``solver_steps`` and ``solved``, :func:`flow_loop`)."""
+    """Add the step-wise bookkeeping to the final metrics (``flowed``: a flow's solver steps,
+    convergence and whether it was solved, :func:`flow_loop`)."""
     noisy = batch.flipped
     first_fit = ls.first_fit
     n_noisy = jnp.sum(noisy)
@@ -259,7 +256,6 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
         final["status"] = jnp.where(flowed["solved"], int(Status.OK),
                                     int(Status.UNSOLVED)).astype(jnp.int32)
     return final
-
 
 
 # --------------------------------------------------------------------------------------------

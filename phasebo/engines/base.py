@@ -126,12 +126,16 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
     relevant = None if roles is None else (lambda s_: relevant_mass(s_, roles))
     record_fn = recorder_fn(model, static, sw, metrics, batch)
     flowed = None
+
+    def margin_fn(f_, y_):
+        return y_ * f_
+
     if is_flow(static):  # the gradient flow of the same coefficients (phasebo.flow)
         w = isinstance(prob, SpanWProblem)
         state0, field, view = (span_w_field if w else span_field)(prob, batch.y, wd)
         now, (f, s, a), ls, flowed = flow_loop(
-            state0, field, view, static, sw, record_fn, margin_fn=lambda f_, y_: y_ * f_,
-            batch=batch, relevant=relevant, dtype=dtype)
+            state0, field, view, static, sw, record_fn, margin_fn=margin_fn, batch=batch,
+            relevant=relevant, dtype=dtype)
     else:
         if isinstance(prob, SpanWProblem):
             state0, step, final, view = span_w_system(prob, batch.y, sw["lr"], wd)
@@ -143,8 +147,8 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
                 sw.get("radius_v") if project and prob.K_head is not None else None)
         now, (f, s, a), ls = run_loop(
             state0, step, final, static.steps, model.recorded_steps(static), record_fn,
-            margin_fn=lambda f_, y_: y_ * f_, batch=batch, relevant=relevant, dtype=dtype,
-            view=view, unroll=UNROLL)
+            margin_fn=margin_fn, batch=batch, relevant=relevant, dtype=dtype, view=view,
+            unroll=UNROLL)
     final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed)
     samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw, ls.first_fit)
     return RunOutput(final_metrics, ls.buf, samples)
