@@ -22,6 +22,8 @@ same run, so the ratios compare like with like on this machine. Sections:
   ``--heatmap-seeds``) as a subprocess with an empty cache.
 - **flow**: gradient flow to tau = 500 vs 10^5 GD steps (same flow time, records included),
   and the long-horizon flow map (``sweeps/flow_horizons.toml``) as a subprocess.
+- **vit**: the digits ViT's phase 2: a gradient step computing only the last block's CLS row
+  vs the whole block, and the paper's recipe at n = 20 as a sweep.
 - **precision**: the reduced engine in float32 vs float64 at the three S2 regimes, d = 10^3 .. 10^6.
 - **gpu**: on an accelerator, block sizes by measurement, then the p-only heatmap (100 seeds), the
   trained-W heatmap (10 seeds) and S2 with dynamics (10,000 seeds) as sweeps, with runs/s, block
@@ -581,7 +583,7 @@ def section_gpu(q: bool, out: dict) -> None:
 
 
 SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme", "heatmap",
-            "flow", "precision", "gpu")
+            "flow", "vit", "precision", "gpu")
 DEFAULT_SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme")
 
 

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from .registry import all_settings, get_model, models_using, resolve_engine
-from .settings import ConfigError, Setting, suggest
+from .settings import ConfigError, Setting, epoch_steps, suggest
 
 TOP_LEVEL_KEYS = ("name", "description", "include", "seeds", "settings", "axes", "cases",
                   "regime", "plot", "refine")
@@ -205,6 +205,8 @@ def resolve(given: Mapping[str, Any]) -> dict:
     model = get_model(given.get("model", "prompt_attention"))
     out = {k: s.default for k, s in model.settings.items()}
     out.update(given)
+    if out.get("epochs"):  # steps counted in epochs: the step count follows from n and the batch
+        out["steps"] = out["epochs"] * epoch_steps(out["n"], out.get("batch_size", 0))
     return out
 
 
@@ -235,6 +237,20 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
     return list(notes.values())
 
 
+def baseline_notes(spec: SweepSpec) -> list[str]:
+    """A line when runs judged against the clean reference (``test_reference = "clean"``) have
+    no noise-free run in the sweep: those that fit every label will read ``no_baseline``."""
+    cells = list(spec.cells())
+    if not any(c.settings.get("test_reference") == "clean" for c in cells):
+        return []
+    ratios = spec.values("noise_ratio") or [c.settings.get("noise_ratio") for c in cells]
+    if 0.0 in [float(v) for v in ratios if v is not None]:
+        return []
+    return ["note: test_reference = \"clean\" judges benign / harmful against the sweep's "
+            "noise-free runs, and noise_ratio is never 0 here: runs that fit every label will "
+            "be no_baseline; add 0 to noise_ratio to judge them"]
+
+
 def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> dict:
     """Every given setting belongs to the model, the model's checks pass, an engine can run it;
     returns the settings of the model (those it does not take dropped)."""
@@ -247,6 +263,10 @@ def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> di
                 f"would be ignored); it belongs to {', '.join(users) or 'no model'}; fix: remove "
                 "it, or set it in [[cases]] together with model = one of those")
     own = {k: v for k, v in settings.items() if k in model.settings}
+    if "epochs" in given and "steps" in given and own.get("epochs"):
+        raise ConfigError(f"{where}steps and epochs = {own['epochs']!r} both set the length of "
+                          "the run; fix: remove one (epochs gives steps = epochs x "
+                          "ceil(n / batch_size))")
     for k in sorted(given):
         req = model.settings[k].requires
         if req is not None and own.get(req[0]) != req[1]:

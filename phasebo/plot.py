@@ -169,7 +169,8 @@ def present_regimes(labels) -> list[str]:
 def regime_colorbar(fig, mesh, cats: Sequence[str], ax, cax=None):
     cb = fig.colorbar(mesh, ax=ax, cax=cax, ticks=np.arange(len(cats)))
     cb.ax.set_yticklabels([{"mixed": "mixed\n(no majority)", "fitting": "fitting\n(still)",
-                            "no_noise": "no noise\n(nothing to overfit)"}.get(
+                            "no_noise": "no noise\n(nothing to overfit)",
+                            "no_baseline": "no baseline\n(no clean run)"}.get(
                                c, c.replace("_", " ")) for c in cats])
     cb.ax.tick_params(length=0)
     return cb

@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 # Okabe & Ito's colour-blind-safe palette: blue / vermillion / yellow stay distinct under every
 # common colour-vision deficiency.
 REGIME_COLORS = {"benign": "#0072B2", "harmful": "#D55E00", "not_overfitting": "#F0E442",
-                 "fitting": "#CC79A7", "no_noise": "#FFFFFF", "mixed": "#BBBBBB",
-                 "failed": "#303030"}
+                 "fitting": "#CC79A7", "no_noise": "#FFFFFF", "no_baseline": "#E3E3E3",
+                 "mixed": "#BBBBBB", "failed": "#303030"}
 CORE_REGIMES = ("benign", "harmful", "not_overfitting")  # always in a regime map's key
 ROLE_COLORS = {"rel": "#009E73", "weak": "#56B4E9", "weak_opp": "#D55E00", "irr": "#9a9a9a"}
 ROLE_LABELS = {"rel": "relevant", "weak": "weakly relevant", "weak_opp": "weak, opposite class",

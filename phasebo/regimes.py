@@ -8,8 +8,15 @@ A run's regime is a statement about one step ``t`` (its horizon, or a recorded s
 
   - ``fitting`` when the run is still fitting its labels at ``t`` (the rule below),
   - ``not_overfitting`` otherwise (its margins have settled at ``t``);
-- train accuracy ``>= train_acc_fit``: ``benign`` iff test accuracy ``>= 1 - test_eps``, else
-  ``harmful``.
+- train accuracy ``>= train_acc_fit``: ``benign`` iff test accuracy ``>= A - test_eps``, else
+  ``harmful``, where the reference accuracy ``A`` is set by ``test_reference``:
+
+  - ``absolute`` (the synthetic models' default): ``A = 1``;
+  - ``clean`` (real data's default, where even a noise-free run stays short of 1): ``A`` is the
+    mean test accuracy of the sweep's noise-free runs (``noise_ratio = 0``, status ok) that share
+    every other setting but the seed (at the same recorded step, over time). A run with no such
+    runs in its sweep gets ``no_baseline`` instead of benign / harmful. The noise-free runs
+    themselves are ``no_noise``, never harmful.
 
 **Still fitting.** Let ``m(t)`` be the smallest training margin ``min_i y_i f(x_i)`` at step ``t``
 (negative while a label is unfitted) and ``t'`` an earlier step, ``t' <= t / 2`` (the run's middle
@@ -33,7 +40,7 @@ Accuracies are ``k / n`` in float32, so the thresholds carry a ``1e-6`` toleranc
 recorded step) with the same rule, and :func:`timeline` condenses each run's recorded path: the
 first recorded step at which it is benign, the step of its lowest test accuracy after step 0
 (``dip_step``, ``dip_test_acc``), and the **recovery step**: the first recorded step after a dip
-below ``1 - test_eps`` at which test accuracy is back at ``>= 1 - test_eps`` (``-1``: no recovery
+below ``A - test_eps`` at which test accuracy is back at ``>= A - test_eps`` (``-1``: no recovery
 by the horizon, or no dip).
 """
 
@@ -44,7 +51,7 @@ import math
 import numpy as np
 import pandas as pd
 
-REGIMES = ("benign", "harmful", "not_overfitting", "fitting", "no_noise")
+REGIMES = ("benign", "harmful", "not_overfitting", "fitting", "no_noise", "no_baseline")
 REGIME_ORDER = (*REGIMES, "diverged", "unsolved")
 DECADE = 10.0  # how far ahead the still-fitting rule extrapolates (a factor on the step)
 TOL = 1e-6  # accuracies are k / n in float32
@@ -63,12 +70,13 @@ def projected_margin(margin, margin_prev, step, step_prev) -> np.ndarray:
 
 def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.0, *,
                     n_noisy=None, margin=None, margin_prev=None, step=None,
-                    step_prev=None) -> np.ndarray:
+                    step_prev=None, reference=1.0) -> np.ndarray:
     """The regime of each run at one step (module docstring); every argument broadcasts.
 
     ``n_noisy`` (flipped labels), and ``margin`` / ``margin_prev`` (smallest margin at ``step``
     and at the earlier ``step_prev``) are optional: without them no run is ``no_noise`` or
-    ``fitting``.
+    ``fitting``. ``reference``: the accuracy ``A`` benign is judged against (NaN: none, so a run
+    that fits every label is ``no_baseline``).
     """
     train_acc = np.asarray(train_acc, float)
     shape = train_acc.shape
@@ -76,9 +84,11 @@ def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.
     status = np.broadcast_to(np.asarray(status, object), shape)
     test_eps = np.broadcast_to(np.asarray(test_eps, float), shape)
     fit_thr = np.broadcast_to(np.asarray(train_acc_fit, float), shape)
+    reference = np.broadcast_to(np.asarray(reference, float), shape)
     fits = train_acc >= fit_thr - TOL
-    good = test_acc >= 1 - test_eps - TOL
-    out = np.where(fits, np.where(good, "benign", "harmful"), "not_overfitting").astype(object)
+    good = test_acc >= reference - test_eps - TOL
+    judged = np.where(np.isnan(reference), "no_baseline", np.where(good, "benign", "harmful"))
+    out = np.where(fits, judged, "not_overfitting").astype(object)
     if margin is not None and margin_prev is not None:
         proj = np.broadcast_to(projected_margin(margin, margin_prev, step, step_prev), shape)
         out[~fits & (np.nan_to_num(proj, nan=-1.0) > 0)] = "fitting"
@@ -89,10 +99,11 @@ def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.
     return out
 
 
-def classify_runs(res: pd.DataFrame) -> np.ndarray:
+def classify_runs(res: pd.DataFrame, reference=1.0) -> np.ndarray:
     """The regime at the horizon of every row of a results table: its final metrics, thresholds
-    (``test_eps``, ``train_acc_fit``), ``n_noisy`` and the smallest margin at the horizon and at
-    the middle step (``margin``, ``margin_mid``)."""
+    (``test_eps``, ``train_acc_fit``), ``n_noisy``, the smallest margin at the horizon and at
+    the middle step (``margin``, ``margin_mid``) and the reference accuracy of each row
+    (:func:`clean_reference`; 1 by default)."""
     steps = res["steps"].to_numpy(float) if "steps" in res.columns else np.zeros(len(res))
     kw = {}
     if {"margin", "margin_mid"} <= set(res.columns):
@@ -102,7 +113,50 @@ def classify_runs(res: pd.DataFrame) -> np.ndarray:
                            res["status"].astype(str).to_numpy(object),
                            _col(res, "test_eps", 0.05), _col(res, "train_acc_fit", 1.0),
                            n_noisy=res["n_noisy"].to_numpy() if "n_noisy" in res.columns else None,
-                           **kw)
+                           reference=reference, **kw)
+
+
+def _cells(res: pd.DataFrame, by: list[str]) -> np.ndarray:
+    """An integer per row naming its cell: the values of ``by`` (NaN a value like any other)."""
+    if not by:
+        return np.zeros(len(res), np.int64)
+    keys = res[by].astype(str)
+    return keys.groupby(by, sort=False, dropna=False).ngroup().to_numpy(np.int64)
+
+
+def clean_reference(res: pd.DataFrame, by: list[str], dyn: pd.DataFrame | None = None):
+    """The reference accuracy of every run (and dynamics row) under ``test_reference``.
+
+    ``by``: the setting columns that make two runs the same cell but for their noise ratio and
+    seed. Returns ``(reference, runs, reference_dyn)``: per results row, 1.0 under ``absolute``
+    and under ``clean`` the mean final test accuracy of the ok runs with ``noise_ratio = 0`` of
+    its cell (NaN when there are none), with how many there are (``runs``; NaN under absolute);
+    per dynamics row (``dyn`` sorted or not), the same at its recorded step.
+    """
+    mode = res["test_reference"].astype(str).to_numpy() if "test_reference" in res.columns \
+        else np.full(len(res), "absolute")
+    clean = mode == "clean"
+    ref = np.ones(len(res))
+    runs = np.full(len(res), np.nan)
+    ref_dyn = None if dyn is None else np.ones(len(dyn))
+    if not clean.any():
+        return ref, runs, ref_dyn
+    cell = _cells(res, [c for c in by if c in res.columns and c != "noise_ratio"])
+    base = (res["noise_ratio"].to_numpy(float) == 0) & \
+        (res["status"].astype(str).to_numpy() == "ok")
+    acc = pd.Series(res["test_acc"].to_numpy(float)[base]).groupby(cell[base])
+    mean, count = acc.mean(), acc.size()
+    ref = np.where(clean, mean.reindex(cell).to_numpy(float), 1.0)
+    runs = np.where(clean, count.reindex(cell).fillna(0).to_numpy(float), np.nan)
+    if dyn is not None:
+        pos = pd.Index(res["run_id"].to_numpy()).get_indexer(dyn["run_id"].to_numpy())
+        dcell, dbase, dclean = cell[pos], base[pos], clean[pos]
+        step = dyn["step"].to_numpy(np.int64)
+        key = pd.MultiIndex.from_arrays([dcell, step])
+        table = pd.Series(dyn["test_acc"].to_numpy(float)[dbase]).groupby(
+            [dcell[dbase], step[dbase]]).mean()
+        ref_dyn = np.where(dclean, table.reindex(key).to_numpy(float), 1.0)
+    return ref, runs, ref_dyn
 
 
 def _col(df: pd.DataFrame, name: str, default: float) -> np.ndarray:
@@ -129,19 +183,24 @@ def _previous_record(dyn: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.where(ok, step[pos], -1), np.where(ok, margin[pos], np.nan)
 
 
-def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame) -> pd.DataFrame:
+def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame, reference=None) -> pd.DataFrame:
     """The regime of every run at every recorded step.
 
     ``dyn``: a dynamics table (``run_id``, ``step``, ``train_acc``, ``test_acc``, ``margin``, ...);
     ``res``: the results table of the same runs (their thresholds, ``n_noisy`` and ``status``).
     Returns the tidy table ``run_id, step, train_acc, train_acc_clean, train_acc_noisy,
     test_acc, regime`` (rows sorted by run and step), plus the trend's ``margin`` and
-    ``projected_margin``. A run that diverged is ``diverged`` from its ``diverge_step`` on.
+    ``projected_margin`` and the ``reference_acc`` (``reference``: one per row of ``dyn``, in its
+    order, from :func:`clean_reference`; 1 by default). A run that diverged is ``diverged`` from
+    its ``diverge_step`` on.
     """
     need = {"run_id", "step", "train_acc", "test_acc", "margin"}
     if not need <= set(dyn.columns):
         raise ValueError(f"regimes_over_time: the dynamics table lacks {sorted(need - set(dyn))}")
-    d = dyn.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    ref = np.ones(len(dyn)) if reference is None else np.asarray(reference, float)
+    order = np.lexsort((dyn["step"].to_numpy(), dyn["run_id"].to_numpy()))
+    d = dyn.iloc[order].reset_index(drop=True)
+    ref = ref[order]
     per_run = res.drop_duplicates("run_id").set_index("run_id")
     idx = per_run.index.get_indexer(d["run_id"].to_numpy())
     if (idx < 0).any():
@@ -168,12 +227,13 @@ def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame) -> pd.DataFrame:
                              status, col("test_eps", 0.05).astype(float),
                              col("train_acc_fit", 1.0).astype(float), n_noisy=col("n_noisy", 1),
                              margin=d["margin"].to_numpy(float), margin_prev=prev_margin,
-                             step=step, step_prev=prev_step)
+                             step=step, step_prev=prev_step, reference=ref)
     keep = [c for c in ("run_id", "step", "train_acc", "train_acc_clean", "train_acc_noisy",
                         "test_acc", "margin") if c in d.columns]
     out = d[keep].copy()
     out["projected_margin"] = projected_margin(d["margin"].to_numpy(float), prev_margin, step,
                                                prev_step)
+    out["reference_acc"] = ref
     out["regime"] = pd.Categorical(regime, categories=REGIME_ORDER, ordered=True)
     return out
 
@@ -192,7 +252,8 @@ def timeline(reg: pd.DataFrame, res: pd.DataFrame | None = None) -> pd.DataFrame
     if res is not None and "test_eps" in res.columns:
         e = res.drop_duplicates("run_id").set_index("run_id")["test_eps"]
         eps = e.reindex(run).fillna(0.05).to_numpy(float)
-    good = acc >= 1 - eps - TOL
+    ref = d["reference_acc"].to_numpy(float) if "reference_acc" in d.columns else 1.0
+    good = acc >= ref - eps - TOL  # NaN reference (no baseline): never good, so no recovery
     idx = np.arange(len(d))
     never = len(d) + 1
 

@@ -37,7 +37,8 @@
                (f.n_failed[j] ? `, ${f.n_failed[j]} failed` : ""));
     for (const r of D.regimes) {
       const p = f[`frac_${r}`][j];
-      if (p === null || (p === 0 && (r === "no_noise" || r === "fitting"))) continue;
+      if (p === null || (p === 0 && (r === "no_noise" || r === "fitting" ||
+                                     r === "no_baseline"))) continue;
       lines.push(`${words(r)}: ${fmt(p)} [${fmt(f[`frac_${r}_lo`][j])}, ` +
                  `${fmt(f[`frac_${r}_hi`][j])}]`);
     }

@@ -40,10 +40,11 @@ from .regimes import (  # noqa: F401 (REGIMES, classify_regime: re-exported)
     REGIMES,
     classify_regime,
     classify_runs,
+    clean_reference,
     regimes_over_time,
     timeline,
 )
-from .settings import ConfigError
+from .settings import NOT_CELL, ConfigError
 
 RUN_STATUSES = ("ok", "diverged", "unsolved")  # a run's status (phasebo.train.Status)
 # The column groups (see the module docstring); the settings come from the model of the rows.
@@ -134,10 +135,12 @@ def read_table(path: Path) -> pd.DataFrame:
 
 def output_columns(model, out) -> set[str]:
     """The columns a group's results rows will have: its model's settings, the derived columns,
-    the final metrics of the traced program (``out``: its abstract ``RunOutput``) and, when it
-    records a margin, each run's timeline (:func:`phasebo.regimes.timeline`)."""
+    the final metrics of the traced program (``out``: its abstract ``RunOutput``), the regime's
+    reference accuracy (:func:`judge`) and, when it records a margin, each run's timeline
+    (:func:`phasebo.regimes.timeline`)."""
     cols = set(model.settings) | set(out.final) | (set(RUN_COLUMNS) - {"source"}) | \
         set(DERIVED) | set(LABEL_COLUMNS)
+    cols |= {"reference_acc", "reference_runs"} if "test_reference" in model.settings else set()
     return cols | (set(TIMELINE) if out.dynamics and "margin" in out.dynamics else set())
 
 
@@ -184,7 +187,7 @@ def rows(spec, g, cols: list, out) -> tuple:
     labels = {int(s): s.label for s in Status}
     status = np.array([labels.get(int(s), "error") for s in final["status"]], object)
     metrics["status"] = status
-    metrics["regime"] = classify_runs(pd.concat([res, metrics], axis=1))
+    metrics["regime"] = "fitting"  # placeholder: judged below, with the whole chunk at hand
     front = ["train_acc", "train_acc_clean", "train_acc_noisy", "test_acc", "train_loss",
              "test_loss", "status", "regime"]
     metrics = metrics[[c for c in front if c in metrics] + [c for c in metrics if c not in front]]
@@ -206,11 +209,9 @@ def rows(spec, g, cols: list, out) -> tuple:
         else:
             dyn["time"] = dyn["step"] * np.repeat(res["lr"].to_numpy(float), R) \
                 if "lr" in res.columns else np.nan
-        if "margin" in dyn.columns:  # the regime at every recorded step, and each run's path
-            dyn = dyn.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
-            reg = regimes_over_time(dyn, res)
-            dyn["regime"] = reg["regime"].to_numpy()
-            res = res.merge(timeline(reg, res), on="run_id", how="left", validate="one_to_one")
+        dyn = dyn.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    res, dyn = judge(res, dyn, list(model.settings))
+    if dyn is not None:
         dyn.attrs["column_groups"] = column_groups(dyn.columns, model.settings)
     smp = None
     if out.samples:
@@ -222,6 +223,35 @@ def rows(spec, g, cols: list, out) -> tuple:
         smp.attrs["column_groups"] = column_groups(smp.columns, model.settings)
     res.attrs["column_groups"] = column_groups(res.columns, model.settings)
     return res, dyn, smp
+
+
+def judge(res: pd.DataFrame, dyn: pd.DataFrame | None, settings) -> tuple:
+    """The regime columns of a results table and its dynamics (rows sorted by run and step):
+    ``regime`` at the horizon, with its ``reference_acc`` (and ``reference_runs``, the noise-free
+    runs it averages, under ``test_reference = "clean"``: :func:`phasebo.regimes.clean_reference`,
+    cells made by ``settings`` but :data:`phasebo.settings.NOT_CELL`); in ``dyn`` (when it has
+    margins), the regime at every recorded step and each run's timeline columns in ``res``.
+
+    A sweep's chunks are judged as they are written; the assembled table is judged again as a
+    whole, since a clean reference reads runs of other chunks."""
+    by = [c for c in settings if c not in NOT_CELL and c in res.columns]
+    timed = dyn is not None and "margin" in dyn.columns
+    ref, runs, ref_dyn = clean_reference(res, by, dyn if timed else None)
+    gone = (*TIMELINE, "reference_acc", "reference_runs") if timed else \
+        ("reference_acc", "reference_runs")
+    res = res.drop(columns=[c for c in gone if c in res.columns])
+    res["regime"] = classify_runs(res, ref)
+    if "test_reference" in res.columns:
+        res["reference_acc"] = ref
+        res["reference_runs"] = runs
+    if timed:
+        reg = regimes_over_time(dyn, res, ref_dyn)
+        at = pd.MultiIndex.from_arrays([dyn["run_id"].to_numpy(), dyn["step"].to_numpy()])
+        dyn = dyn.copy()
+        dyn["regime"] = pd.Series(reg["regime"].to_numpy(), index=pd.MultiIndex.from_arrays(
+            [reg["run_id"].to_numpy(), reg["step"].to_numpy()])).reindex(at).to_numpy()
+        res = res.merge(timeline(reg, res), on="run_id", how="left", validate="one_to_one")
+    return res, dyn
 
 
 def write_table_atomic(df: pd.DataFrame, path: Path, groups: dict | None = None) -> None:
@@ -317,16 +347,12 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
     missing = len(expected) - len(df)
     if missing and not partial:
         raise RuntimeError(f"{missing} runs of the sweep are missing from {parts}")
-    df = apply_schema(df.drop(columns="_pos").reset_index(drop=True), models, engines)
-    if groups is not None:
-        df.attrs["column_groups"] = groups
-    if write:
-        write_table_atomic(df, out_dir / "results.parquet")
-        write_csv_atomic(df, out_dir / "results.csv")
+    df = df.drop(columns="_pos").reset_index(drop=True)
     # A chunk killed after its dynamics/samples parts but before its results part was rerun
     # (maybe in other chunks): read only the parts of chunks whose results part exists.
     tags = {f.name[len("results-"):] for f in part_files(parts, "results")}
     order = pd.Index(df["run_id"].to_numpy())
+    tables = {}
     for kind, inner in (("dynamics", "step"), ("samples", "sample")):
         t = read_parts(parts, kind, tags)
         if t is None:
@@ -336,7 +362,22 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
         p = order.get_indexer(t["run_id"].to_numpy())
         t = t[p >= 0].assign(_pos=p[p >= 0]).sort_values(["_pos", inner], kind="stable")
         t = t.drop(columns="_pos").reset_index(drop=True)
-        if write:
+        tables[kind] = (t, g)
+    if "test_reference" in df.columns and (df["test_reference"].astype(str) == "clean").any():
+        # judged against noise-free runs, which other chunks may hold: judge the whole table
+        dyn, g = tables.get("dynamics", (None, None))
+        settings = (groups or {}).get("settings") or list(df.columns)
+        df, dyn = judge(df.assign(regime=df["regime"].astype(str)), dyn, settings)
+        if dyn is not None:
+            tables["dynamics"] = (dyn.assign(regime=pd.Categorical(
+                dyn["regime"].astype(str), categories=REGIME_ORDER, ordered=True)), g)
+    df = apply_schema(df, models, engines)
+    if groups is not None:
+        df.attrs["column_groups"] = groups
+    if write:
+        write_table_atomic(df, out_dir / "results.parquet")
+        write_csv_atomic(df, out_dir / "results.csv")
+        for kind, (t, g) in tables.items():
             write_table_atomic(t, out_dir / f"{kind}.parquet", g)
     return df
 
@@ -360,7 +401,14 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
             print(f"phasebo: {path}: read {len(df)} finished runs of an unfinished sweep",
                   file=sys.stderr)
             attrs = dict(df.attrs)
-            df = apply_schema(df.drop_duplicates("run_id").reset_index(drop=True))
+            df = df.drop_duplicates("run_id").reset_index(drop=True)
+            if "test_reference" in df.columns and (df["test_reference"].astype(str)
+                                                   == "clean").any():
+                # judged against the noise-free runs finished so far (the final table judges
+                # again); the timelines stay as their chunks wrote them
+                settings = (attrs.get("column_groups") or {}).get("settings") or list(df.columns)
+                df, _ = judge(df.assign(regime=df["regime"].astype(str)), None, settings)
+            df = apply_schema(df)
             df.attrs.update(attrs)
             return df
         raise ConfigError(f"{path} is not a sweep directory (no results.parquet); fix: give the "

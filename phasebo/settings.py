@@ -194,6 +194,10 @@ CORE = (
       "1 - test_eps", unit_interval, identity=False),
     S("train_acc_fit", 1.0, float, "host", "regime: train accuracy that counts as fitting every "
       "label", lambda v: None if 0 < v <= 1 else "must be in (0, 1]", identity=False),
+    S("test_reference", "absolute", str, "host", "regime: benign iff test acc >= A - test_eps "
+      "with A = 1 (absolute) or A = the mean test accuracy of the sweep's noise-free runs "
+      "(noise_ratio = 0) of the same settings (clean)", choices=("absolute", "clean"),
+      identity=False),
 )
 
 LABELS = (
@@ -219,7 +223,24 @@ OPTIMIZER = (
     S("lr_schedule", "constant", str, "static", "constant, or linear: the step size decays "
       "linearly from lr to 0 over the run's steps (the Hugging Face Trainer's default)",
       choices=("constant", "linear"), silent_default=True),
+    S("batch_size", 0, int, "static", "minibatch size: every epoch visits the n samples in a "
+      "fresh random order, in batches of this size (the last one smaller when it does not "
+      "divide n), one step per batch; 0 (or >= n): full batch", nonneg,
+      requires=("dynamics", "gd"), silent_default=True),
+    S("epochs", 0, int, "static", "train for this many epochs instead of a step count: steps = "
+      "epochs x ceil(n / batch_size) (epochs x 1 in full batch); 0: `steps` counts the steps",
+      nonneg, requires=("dynamics", "gd"), silent_default=True),
 )
+
+
+def epoch_steps(n: int, batch_size: int) -> int:
+    """Steps per epoch: ``ceil(n / batch_size)`` batches (1 in full batch)."""
+    return -(-n // batch_size) if 0 < batch_size < n else 1
+
+
+def minibatched(static) -> bool:
+    """Whether a run takes minibatch steps (``0 < batch_size < n``)."""
+    return 0 < getattr(static, "batch_size", 0) < static.n
 
 # Gradient flow (phasebo.flow): settings added after runs were stored, so at their defaults they
 # leave every earlier run's id and numbers as they were (silent_default)
@@ -306,3 +327,9 @@ def record_steps(steps: int, every: int, log: int) -> tuple[int, ...]:
         pts.update(int(v) for v in np.unique(np.round(np.geomspace(1, max(steps, 1), log))))
         pts.add(steps)
     return tuple(sorted(p for p in pts if 0 <= p <= steps))
+
+
+# Settings that do not make a cell (how it is run, recorded or judged; the seed): runs that differ
+# only in these are repetitions of one cell (the clean reference of phasebo.regimes pools them)
+NOT_CELL = frozenset(s.name for s in (*CORE, *TRAINING)
+                     if not s.identity or s.kind in ("host", "key"))

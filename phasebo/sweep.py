@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import SweepSpec, label_noise_notes
+from .config import SweepSpec, baseline_notes, label_noise_notes
 from .execute import Executor, prepare_one, run_one  # noqa: F401 (the door: run_one)
 from .grid import spec_run_ids
 from .plan import check_disk, plan
@@ -66,7 +66,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
               block_size=block_size)
     check_disk(pl, out_dir)
     if not quiet:
-        for note in label_noise_notes(spec):
+        for note in label_noise_notes(spec) + baseline_notes(spec):
             print(f"{spec.name}: {note}", file=sys.stderr)
     check = None
     if plots:
@@ -130,7 +130,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         n_div = int((df["status"] == "diverged").sum())
         counts = df["regime"].value_counts()
         regimes = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
-        rate_txt = f"{stats.n_new / stats.run_s:.0f} runs/s" if stats.run_s > 0 else "-"
+        rate = stats.n_new / stats.run_s if stats.run_s > 0 else 0.0
+        rate_txt = (f"{rate:.0f} runs/s" if rate >= 10 else f"{rate:.2g} runs/s") if rate else "-"
         print(f"{spec.name}: {stats.n_new} new runs ({len(df)} in the table); compile "
               f"{stats.compile_s:.1f} s, run {stats.run_s:.1f} s ({rate_txt}), tables and "
               f"figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 import optax
 
@@ -43,6 +44,7 @@ from .metrics import (
     tracked_token_metrics,
     train_metrics,
 )
+from .settings import epoch_steps, minibatched
 
 
 class Status(enum.IntEnum):
@@ -167,7 +169,7 @@ class Recorder(NamedTuple):
 
 def run_loop(state, step: Callable, final: Callable, steps: int, record_at, record_fn, *,
              margin_fn: Callable, batch: Batch, relevant: Callable | None, dtype,
-             view: Callable | None = None, unroll: int = 1):
+             view: Callable | None = None, unroll: int = 1, seen: Callable | None = None):
     """Full-batch GD ``steps`` times with the shared bookkeeping.
 
     ``step(state) -> (now, new, (f, s, a), finite)``: ``now`` is the state at this step (as the
@@ -175,6 +177,8 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     and the update are finite. ``final(state) -> (now, (f, s, a), loss)``.
     ``record_fn(now, f, s, a) -> dict of scalars``; ``view(now) -> (f, s, a)`` (optional) lets
     the recorder defer the metrics to after the loop (:class:`Recorder`).
+    ``seen(new) -> (n,)`` (minibatch steps, whose ``f`` covers one batch): each sample's margin
+    when it was last in a batch, read from the new state; the first-fit bookkeeping uses it.
 
     Returns ``(now, (f, s, a), LoopState)`` at the last step.
     """
@@ -188,7 +192,7 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     def body(carry, t):
         state, ls = carry
         now, new, (f, s, a), finite = step(state)
-        margin = margin_fn(f, batch.y)
+        margin = margin_fn(f, batch.y) if seen is None else seen(new)
         ls = ls.observe(t, margin, s, relevant)
         ls = ls._replace(margin_mid=jnp.where(t == mid, jnp.min(margin).astype(dtype),
                                               ls.margin_mid))
@@ -344,6 +348,15 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
     relevant = None if roles is None else (lambda s_: relevant_mass(s_, roles))
     record_fn = recorder_fn(model, static, sw, metrics, batch)
     dtype = dtype_of(static)
+    seen = None
+    if minibatched(static) and opt is not None:
+        step, seen = minibatch_step(model, static, opt, combine, batch, aux, jr.fold_in(key, 3))
+        state = (*state, jnp.zeros((), jnp.int32), jnp.full(batch.y.shape[0], -jnp.inf, dtype))
+        relevant = None  # the attention sums need every sample at every step: not kept
+        full_record = record_fn
+
+        def record_fn(now, f, s, a):  # the step's (f, s, a) covers one batch: the full pass
+            return full_record(now, *forward(now)[1])
 
     def margin_fn(f_, y_):
         return model.margin_loss(f_, y_)[0]
@@ -365,7 +378,51 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
         p, (f, s, a), ls = run_loop(state, step, final, steps, model.recorded_steps(static),
                                     record_fn, margin_fn=margin_fn, batch=batch,
                                     relevant=relevant, dtype=dtype,
-                                    view=lambda p_: forward(p_)[1])
+                                    view=lambda p_: forward(p_)[1], seen=seen)
     final_metrics = finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed)
+    if seen is not None and roles is not None:
+        for g in GROUPS:  # not accumulated in minibatch training (above): not a measured zero
+            final_metrics[f"cumS_{g}"] = jnp.asarray(jnp.nan, dtype)
     samples = model.samples(combine(p), f, s, a, batch, test, static, sw, ls.first_fit)
     return RunOutput(final_metrics, ls.buf, samples)
+
+
+def minibatch_step(model, static, opt, combine: Callable, batch: Batch, aux, key: jax.Array):
+    """``(step, seen)`` of minibatch training for :func:`run_loop`.
+
+    Epoch ``e = t // k`` (``k = ceil(n / B)`` batches of ``B = batch_size``) visits the samples in
+    the order ``permutation(fold_in(key, e), n)``; step ``t`` takes batch ``t mod k`` of it, the
+    last one holding the ``n - (k - 1) B`` remaining samples (padded to ``B`` and masked out of
+    the mean loss), as a PyTorch ``DataLoader(shuffle=True)``. The gradient is that of the batch's
+    mean loss. The state is ``(params, opt_state, t, seen)``: ``seen`` holds each sample's margin
+    from the last batch it was in (``-inf`` before), so a sample counts as fitted from the step
+    at which a batch first saw it fitted (at most an epoch after it was).
+    """
+    n, B = batch.y.shape[0], static.batch_size
+    k = epoch_steps(n, B)
+    data = (batch._replace(z=None), aux)
+
+    def batch_loss(p, sub, valid):
+        f, s, a = model.forward(combine(p), sub[0], sub[1])
+        # per-sample losses: the model's mean loss of each sample alone, averaged over the batch
+        per = jax.vmap(lambda fi, yi: model.margin_loss(fi[None], yi[None])[1])(f, sub[0].y)
+        loss = jnp.sum(jnp.where(valid, per, 0.0)) / jnp.sum(valid).astype(per.dtype)
+        return loss, (f, s, a)
+
+    def step(state):
+        p, opt_state, t, seen = state
+        order = jr.permutation(jr.fold_in(key, t // k), n)
+        pos = (t % k) * B + jnp.arange(B, dtype=jnp.int32)
+        valid = pos < n
+        idx = order[jnp.minimum(pos, n - 1)]
+        sub = jax.tree.map(lambda x: x[idx], data)
+        (loss, (f, s, a)), g = jax.value_and_grad(batch_loss, has_aux=True)(p, sub, valid)
+        updates, opt_state = opt.update(g, opt_state, p)
+        new = optax.apply_updates(p, updates)
+        finite = jnp.isfinite(loss) & all_finite(g) & all_finite(new)
+        margin = model.margin_loss(f, sub[0].y)[0].astype(seen.dtype)
+        # padded rows repeat the last sample: write only the valid ones (a drop-mode scatter)
+        seen = seen.at[jnp.where(valid, idx, n)].set(margin, mode="drop")
+        return p, (new, opt_state, t + 1, seen), (f, s, a), finite
+
+    return step, lambda state: state[3]

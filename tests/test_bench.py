@@ -41,3 +41,16 @@ def test_bench_dynamics_section_reports_the_ratios(tmp_path, capsys):
     assert "every10/none" in capsys.readouterr().out
     rec = json.loads(out.read_text())["dynamics"][0]
     assert all(np.isfinite(rec[k]) and rec[k] > 0 for k in ("none", "every 10", "log 20"))
+
+
+@pytest.mark.slow  # pretrains the quick width-32 backbone (~40 s) and runs the recipe sweep
+def test_bench_vit_section_reports_the_cls_row_ratio(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PHASEBO_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    assert bench_main(["--quick", "--sections", "vit", "--repeat", "1",
+                       "--json", str(out)]) == 0
+    assert "CLS row" in capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    assert [r["batch"] for r in rec["vit"]] == [16, 400]
+    assert all(r["cls row"] > 0 and r["whole block"] > 0 for r in rec["vit"])
+    assert rec["vit_recipe"]["runs"] == 4 and rec["vit_recipe"]["wall_s"] > 0

@@ -11,6 +11,7 @@ from phasebo.regimes import (
     DECADE,
     classify_regime,
     classify_runs,
+    clean_reference,
     projected_margin,
     regimes_over_time,
     timeline,
@@ -253,3 +254,35 @@ def test_boundaries_over_steps_recover_a_planted_trajectory():
     assert fit["lo"] <= 0.25 <= fit["hi"] and fit["hi"] - fit["lo"] < 0.1
     one = boundaries(dyn, "signal_norm", "d", ("not_overfitting", "benign"), step=100, seed=1)
     assert len(one) == 1 and one["step"].iloc[0] == 100
+
+
+def test_clean_reference_judges_against_the_noise_free_runs_of_the_same_cell():
+    """Under test_reference = clean, A is the mean test accuracy of the ok noise-free runs of the
+    same cell (here: the same n); a cell without one is no_baseline; a clean run is no_noise
+    (never harmful, though its test accuracy is far below 1); absolute rows keep A = 1."""
+    res = pd.DataFrame({
+        "run_id": np.arange(9), "n": [20, 20, 20, 20, 20, 100, 100, 400, 20],
+        "noise_ratio": [0.0, 0.0, 0.0, 0.2, 0.2, 0.0, 0.2, 0.2, 0.2],
+        "status": ["ok", "ok", "diverged", "ok", "ok", "ok", "ok", "ok", "ok"],
+        "test_acc": [0.80, 0.70, 0.0, 0.70, 0.64, 0.90, 0.70, 0.9, 0.97],
+        "train_acc": [1.0] * 9, "n_noisy": [0, 0, 0, 4, 4, 0, 20, 80, 4],
+        "test_eps": [0.05] * 9,
+        "test_reference": ["clean"] * 8 + ["absolute"]})
+    ref, runs, _ = clean_reference(res, ["n", "noise_ratio", "test_reference"])
+    # the diverged clean run is left out of the mean; the absolute row is its own cell
+    np.testing.assert_allclose(ref, [0.75] * 5 + [0.9, 0.9, np.nan, 1.0])
+    np.testing.assert_array_equal(runs, [2] * 5 + [1, 1, 0, np.nan])
+    regime = classify_runs(res, ref)
+    assert list(regime) == ["no_noise", "no_noise", "diverged", "benign", "harmful", "no_noise",
+                            "harmful", "no_baseline", "benign"]
+
+
+def test_clean_reference_over_time_reads_the_clean_runs_at_the_same_step():
+    res = pd.DataFrame({"run_id": [1, 2, 3], "n": [20, 20, 20], "noise_ratio": [0.0, 0.0, 0.2],
+                        "status": ["ok"] * 3, "test_acc": [0.8, 0.9, 0.5],
+                        "test_reference": ["clean"] * 3})
+    dyn = pd.DataFrame({"run_id": [3, 3, 1, 1, 2, 2], "step": [0, 10, 0, 10, 0, 10],
+                        "test_acc": [0.1, 0.5, 0.2, 0.8, 0.4, 0.9]})
+    ref, _, ref_dyn = clean_reference(res, ["n"], dyn)
+    np.testing.assert_allclose(ref, [0.85] * 3)
+    np.testing.assert_allclose(ref_dyn, [0.3, 0.85, 0.3, 0.85, 0.3, 0.85])

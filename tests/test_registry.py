@@ -206,12 +206,15 @@ GD_ONLY = ("steps", "record_every")
 # additions to the perturbed side only: the settings a perturbation needs to show, which the
 # base may not carry (radius_p without project = true is refused as having no effect)
 PERTURB_WITH = {"project": {"radius_p": 1e-3, "radius_v": 1e-3}}
+# settings the perturbed side drops: epochs replaces the base's step count (both are refused)
+PERTURB_WITHOUT = {"epochs": ("steps",)}
 # Settings that by design do not change a run's numbers; each is checked elsewhere.
 NO_NUMBERS = {
     "model": "which model (this whole test is per model)",
     "engine": "how the run is computed, not what: engines are compared in tests/test_engines.py",
     "test_eps": "a host-side regime threshold (tests/test_sweep.py, regime thresholds)",
     "train_acc_fit": "a host-side regime threshold (tests/test_sweep.py, regime thresholds)",
+    "test_reference": "a host-side regime reference (tests/test_regimes.py, clean reference)",
 }
 # Both sides of a comparison run with this key: a run's own key derives from its id, which every
 # identity setting changes, so with it any setting would "change the run", used or ignored. (A
@@ -288,7 +291,8 @@ def _walk(model_name, kinds, observe=_run, skip=frozenset()):
         if s.requires:  # both sides with the setting it needs (else it is refused: below)
             b.setdefault(*s.requires)
         with_ = {k: v for k, v in PERTURB_WITH.get(name, {}).items() if k in model.settings}
-        side = {**b, name: new, **with_}
+        side = {k: v for k, v in {**b, name: new, **with_}.items()
+                if k not in PERTURB_WITHOUT.get(name, ())}
         b, side = ({k: v for k, v in x.items() if x.get("dynamics") != "flow" or k not in GD_ONLY}
                    for x in (b, side))
         c = look(side, s.kind)

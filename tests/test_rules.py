@@ -71,3 +71,58 @@ def test_optimizer_settings_are_refused_where_they_cannot_run(settings, words):
 def test_auto_runs_adam_on_the_direct_engine():
     assert run_one(dict(BASE, dtype="float32", engine="auto", steps=2,
                         optimizer="adam")).final["status"] == 0
+
+
+def test_minibatch_steps_against_a_loop_over_the_batches(x64):
+    """Two epochs of batches of 3 out of n = 8 (3, 3, 2 samples): the run's final p against
+    plain GD on each batch's mean loss, in the epochs' orders, written as a Python loop."""
+    import equinox as eqx
+    import jax.random as jr
+
+    from phasebo.sweep import prepare_one
+
+    s = dict(BASE, batch_size=3, epochs=2)
+    model, _, static, sw, key = prepare_one(s, key=KEY)
+    assert static.steps == 6  # 2 epochs x ceil(8 / 3) batches
+    k_data, _, k_init = model.keys(key)
+    batch = model.sample(static, sw, k_data, test=False)
+    params, fixed = model.init(static, sw, k_init, batch)
+    aux = model.precompute(eqx.combine(params, fixed), batch, static)
+
+    def loss(p, idx):
+        sub = jax.tree.map(lambda x: x[idx], batch._replace(z=None))
+        f, _, _ = model.forward(eqx.combine(eqx.tree_at(lambda m: m.p, params, p), fixed), sub,
+                                None if aux is None else aux[idx])
+        return model.margin_loss(f, sub.y)[1]
+
+    p, sizes = np.asarray(params.p), []
+    for epoch in range(2):
+        order = np.asarray(jr.permutation(jr.fold_in(jr.fold_in(key, 3), epoch), 8))
+        for b in range(3):
+            idx = order[3 * b:3 * b + 3]
+            sizes.append(len(idx))
+            p = p - 0.05 * np.asarray(jax.grad(loss)(p, idx))
+    assert sizes == [3, 3, 2, 3, 3, 2]
+    out = run_one(s, key=KEY)
+    assert float(out.final["p_norm"]) == pytest.approx(np.linalg.norm(p), rel=1e-12)
+    # a batch as large as the training set is full-batch GD, step for step
+    full = run_one(dict(BASE, steps=2), key=KEY)
+    same = run_one(dict(BASE, batch_size=8, epochs=2), key=KEY)
+    assert float(same.final["p_norm"]) == float(full.final["p_norm"])
+    assert not np.isclose(float(out.final["p_norm"]), float(full.final["p_norm"]))
+    # the attention sums need every sample at every step: not kept, so not a zero
+    assert np.isnan(float(out.final["cumS_clean_pos"]))
+
+
+def test_epochs_set_the_step_count_and_conflict_with_steps():
+    base = {k: v for k, v in BASE.items() if k != "n"}
+    spec = phasebo.spec_from_dict(dict(base, batch_size=16, epochs=5), {"n": [20, 40]})
+    assert sorted(c.settings["steps"] for c in spec.cells()) == [10, 15]
+    assert [c.settings["steps"] for c in phasebo.spec_from_dict(dict(BASE, epochs=7)).cells()] \
+        == [7]
+    with pytest.raises(ConfigError, match="steps and epochs = 5 both set"):
+        phasebo.spec_from_dict(dict(BASE, steps=30, epochs=5))
+    with pytest.raises(ConfigError, match="minibatch training runs on engine = \"direct\""):
+        phasebo.spec_from_dict(dict(BASE, batch_size=4, engine="reduced"))
+    with pytest.raises(ConfigError, match="batch_size = 4 has no effect unless dynamics = \"gd\""):
+        phasebo.spec_from_dict(dict(BASE, batch_size=4, dynamics="flow"))

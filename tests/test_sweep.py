@@ -67,7 +67,7 @@ def test_results_schema(tmp_path):
     # only the model's own settings: no Magen or encoder settings on a prompt-attention row
     assert not {"radius_v", "mlp_width", "query_lambda", "n_layers"} & set(df.columns)
     assert list(df["regime"].cat.categories) == ["benign", "harmful", "not_overfitting", "fitting",
-                                                 "no_noise", "diverged", "unsolved"]
+                                                 "no_noise", "no_baseline", "diverged", "unsolved"]
     assert df["regime"].cat.ordered
     assert df["run_id"].dtype == np.int64 and df["noisy_fit_step"].dtype == np.int64
     np.testing.assert_allclose(df["snr"], df["signal_norm"] / np.sqrt(df["d"]))
@@ -325,19 +325,22 @@ def untrained_backbone(monkeypatch):
     import equinox as eqx
     import jax.random as jr
 
+    from phasebo.models import vit_backbone as B
     from phasebo.models import vit_digits as V
 
     @functools.cache
-    def zeros(width, depth, heads):
-        shapes = eqx.filter_eval_shape(V.init_vit, jr.PRNGKey(0), width, depth, heads)
+    def zeros(width, depth, heads, patch):
+        shapes = eqx.filter_eval_shape(B.init_vit, jr.PRNGKey(0), width, depth, heads,
+                                       patch=patch)
         return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype)
                             if isinstance(a, jax.ShapeDtypeStruct) else a, shapes)
 
     def load(static, quiet=False):
-        cfg = V.backbone_settings(static)
-        return zeros(cfg["width"], cfg["depth"], cfg["heads"])
+        cfg = B.backbone_settings(static)
+        return zeros(cfg["width"], cfg["depth"], cfg["heads"], cfg.get("patch", 2))
 
     monkeypatch.setattr(V, "load_backbone", load)
+    monkeypatch.setattr(V, "backbone_record", lambda static: {"test_acc": float("nan")})
 
 
 @pytest.mark.parametrize("path,traced", list(_dry_run_cases()))

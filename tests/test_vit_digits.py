@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import phasebo
+from phasebo.models import vit_backbone as B
 from phasebo.models import vit_digits as V
 from phasebo.registry import get_model
 from phasebo.settings import ConfigError
@@ -40,45 +41,45 @@ def first_load(cache_root):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PHASEBO_CACHE", str(cache_root))
         st = get_model("vit_digits").static_of(SMALL)
-        path = V.backbone_path(V.backbone_settings(st))
+        path = B.backbone_path(B.backbone_settings(st))
         existed = path.with_suffix(".eqx").exists()
         calls = []
-        mp.setattr(V, "pretrain", lambda *a, _f=V.pretrain, **k: calls.append(1) or _f(*a, **k))
-        model = V.load_backbone(st, quiet=True)
+        mp.setattr(B, "pretrain", lambda *a, _f=B.pretrain, **k: calls.append(1) or _f(*a, **k))
+        model = B.load_backbone(st, quiet=True)
         return {"model": model, "trained": len(calls), "existed": existed}
 
 
 def test_digits_ship_with_scikit_learn_and_split_disjointly():
-    data = V.digits()
+    data = B.digits()
     sizes = {k: len(v[1]) for k, v in data.items()}
-    assert sizes == V.SPLITS and sum(sizes.values()) == 1797
+    assert sizes == B.SPLITS and sum(sizes.values()) == 1797
     flat = {k: {x.tobytes() for x in v[0]} for k, v in data.items()}
     # disjoint by image (the digits have a few exact duplicate images; allow those)
     assert len(flat["pool"] & flat["test"]) <= 2 and len(flat["pretrain"] & flat["test"]) <= 4
-    x, y = V.split("pool", (3, 8))
+    x, y = B.split("pool", (3, 8))
     assert set(np.unique(y)) == {0, 1} and x.shape[1:] == (16, 4)
 
 
 def test_pretraining_is_deterministic_and_cached(first_load):
     model = get_model("vit_digits")
     st = model.static_of(SMALL)
-    cfg = V.backbone_settings(st)
+    cfg = B.backbone_settings(st)
     # the module's first load trained once and stored the weights (it ran before any other
     # test could load the backbone: this test does not depend on which tests ran before it)
     assert not first_load["existed"] and first_load["trained"] == 1
     first = first_load["model"]
-    assert V.backbone_path(cfg).with_suffix(".eqx").exists()
+    assert B.backbone_path(cfg).with_suffix(".eqx").exists()
     def no_training(*a, **k):
         raise AssertionError("the stored backbone was trained again")
 
     with pytest.MonkeyPatch.context() as mp:  # read from disk, no training
-        mp.setattr(V, "pretrain", no_training)
-        again = V.load_backbone(st, quiet=True)
-    fresh, rec = V.pretrain(cfg, quiet=True)  # deterministic: the same weights again
+        mp.setattr(B, "pretrain", no_training)
+        again = B.load_backbone(st, quiet=True)
+    fresh, rec = B.pretrain(cfg, quiet=True)  # deterministic: the same weights again
     for x, y, z in zip(jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(fresh)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
         np.testing.assert_array_equal(np.asarray(x), np.asarray(z))
-    assert 0.0 <= V.backbone_record(st)["test_acc"] <= 1.0 and rec["steps"] == 60
+    assert 0.0 <= B.backbone_record(st)["test_acc"] <= 1.0 and rec["steps"] == 60
 
 
 def test_label_noise_exact_count_and_never_the_true_class():
@@ -139,6 +140,32 @@ def test_only_query_and_key_change_in_phase_two():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.usefixtures("first_load")
+def test_the_cls_row_forward_equals_the_full_vit(x64):
+    """Phase 2's forward computes only the CLS token of the last block (what the head reads):
+    its logits and CLS attention row equal the full ViT's (every token through every block)."""
+    model = get_model("vit_digits")
+    settings = {**model_defaults(), **SMALL, "dtype": "float64"}
+    st = model.static_of(settings)
+    sw = {"noise_ratio": jnp.float64(0.2), **{k: jnp.asarray(v) for k, v in
+                                                V.label_values(st.n, 0.2).items()}}
+    batch = model.sample(st, sw, jr.PRNGKey(0), test=False)
+    params, fixed = model.init(st, sw, jr.PRNGKey(1), batch)
+    import equinox as eqx
+
+    m = eqx.combine(params, fixed)
+    f, s, (a, smax) = model.forward(m, batch, model.precompute(m, batch, st))
+    np.testing.assert_allclose(f, m(batch.X), rtol=1e-12, atol=1e-12)
+    h = m.embed(batch.X)
+    for b in m.blocks[:-1]:
+        h = b(h)
+    last = m.blocks[-1]
+    full_s, full_a = last.attention(B.layer_norm(h, last.ln1_g, last.ln1_b))
+    np.testing.assert_allclose(s, full_s[:, :, 0].mean(axis=1), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(a, full_a[:, :, 0].mean(axis=1), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(smax, full_s[:, :, 0].max(axis=-1), rtol=1e-12)
+
+
 def model_defaults():
     return {k: s.default for k, s in get_model("vit_digits").settings.items()}
 
@@ -147,8 +174,23 @@ def model_defaults():
 def test_vmapped_sweep_equals_runs_one_at_a_time(tmp_path):
     spec = phasebo.spec_from_dict({**SMALL, "record_every": 10}, {"noise_ratio": [0.0, 0.2]},
                                   seeds=2, name="vit_small")
-    df = phasebo.run_sweep(spec, tmp_path / "v", quiet=True, plots=False)
+    # chunks of 2: the noise-free runs and the noisy ones are written apart, and the regimes
+    # are judged against the clean reference once the table is whole
+    df = phasebo.run_sweep(spec, tmp_path / "v", quiet=True, plots=False, chunk_size=2)
     assert len(df) == 4 and (df["status"] == "ok").all()
+    clean, noisy = df[df["noise_ratio"] == 0], df[df["noise_ratio"] > 0]
+    assert (clean["regime"] == "no_noise").all()  # a clean run is never harmful
+    assert (noisy["reference_runs"] == 2).all()
+    np.testing.assert_allclose(noisy["reference_acc"], clean["test_acc"].mean())
+    fits = noisy["train_acc"] == 1
+    assert (noisy.loc[~fits, "regime"].astype(str).isin(["not_overfitting", "fitting"])).all()
+    good = noisy["test_acc"] >= clean["test_acc"].mean() - noisy["test_eps"] - 1e-6
+    assert (noisy.loc[fits, "regime"].astype(str) == np.where(good[fits], "benign",
+                                                              "harmful")).all()
+    # the parts read as an unfinished sweep's are judged against the whole table too
+    parts = phasebo.load_results(tmp_path / "v", partial=True).set_index("run_id")
+    assert (parts.loc[df["run_id"], "regime"].astype(str).to_numpy()
+            == df["regime"].astype(str).to_numpy()).all()
     assert {"cls_max_attn", "train_acc_noisy", "test_acc", "train_loss"} <= set(df.columns)
     for _, row in df.iterrows():
         one = run_one({**SMALL, "record_every": 10, "noise_ratio": float(row["noise_ratio"])},
@@ -157,6 +199,9 @@ def test_vmapped_sweep_equals_runs_one_at_a_time(tmp_path):
             np.testing.assert_allclose(float(one.final[k]), row[k], rtol=2e-5, atol=1e-6)
     dyn = phasebo.load_dynamics(tmp_path / "v")
     assert set(dyn["step"]) == {0, 10, 20, 30} and "cls_max_attn" in dyn.columns
+    # over time too: the horizon's record carries the horizon's regime, clean runs no_noise
+    last = dyn[dyn["step"] == 30].set_index("run_id")["regime"].astype(str)
+    assert (last.reindex(df["run_id"]).to_numpy() == df["regime"].astype(str).to_numpy()).all()
 
 
 def test_bad_settings_are_refused():
@@ -168,3 +213,34 @@ def test_bad_settings_are_refused():
         phasebo.spec_from_dict({**SMALL, "classes": [3]})
     with pytest.raises(ConfigError, match="d = 100 is not a setting of model 'vit_digits'"):
         phasebo.spec_from_dict({**SMALL, "d": 100})
+
+
+@pytest.mark.usefixtures("first_load")
+def test_linear_probe_replaces_only_the_head_of_the_cached_backbone():
+    """phase1 = linear_probe: the jointly pretrained backbone (cached, not trained again) with a
+    fresh head trained alone on its frozen features; its record says what it reached."""
+    model = get_model("vit_digits")
+    joint = model.static_of(SMALL)
+    probe = model.static_of({**SMALL, "phase1": "linear_probe", "probe_steps": 40})
+    assert B.backbone_path(B.backbone_settings(joint)) != B.backbone_path(B.backbone_settings(probe))
+    a, b = B.load_backbone(joint, quiet=True), B.load_backbone(probe, quiet=True)
+    head = lambda v: (v.W_head, v.b_head)  # noqa: E731
+    assert not np.array_equal(a.W_head, b.W_head)
+    import equinox as eqx
+
+    for x, y in zip(jax.tree.leaves(eqx.tree_at(head, a, (0, 0))),
+                    jax.tree.leaves(eqx.tree_at(head, b, (0, 0)))):
+        np.testing.assert_array_equal(x, y)
+    rec = B.backbone_record(probe)
+    assert rec["probe_steps"] == 40 and rec["probe_seconds"] > 0
+    assert rec["joint_test_acc"] == B.backbone_record(joint)["test_acc"]
+    with pytest.raises(ConfigError, match="probe_steps = 40 has no effect unless phase1"):
+        phasebo.spec_from_dict({**SMALL, "probe_steps": 40})
+
+
+def test_a_sweep_without_noise_free_runs_is_told_its_runs_have_no_baseline():
+    from phasebo.config import baseline_notes
+
+    assert "no_baseline" in baseline_notes(phasebo.spec_from_dict(SMALL))[0]
+    assert baseline_notes(phasebo.spec_from_dict(SMALL, {"noise_ratio": [0.0, 0.2]})) == []
+    assert baseline_notes(phasebo.spec_from_dict({**SMALL, "test_reference": "absolute"})) == []

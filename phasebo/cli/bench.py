@@ -26,6 +26,7 @@ from ..bench import (
     section_wp,
 )
 from ..bench import __doc__ as BENCH_DOC
+from ..bench_vit import section_vit
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "readme": lambda: section_readme(q, out),
         "heatmap": lambda: section_heatmap(args.heatmap_seeds if not q else 1, out),
         "flow": lambda: section_flow(q, repeat, out),
+        "vit": lambda: section_vit(q, repeat, out),
         "precision": lambda: section_precision(q, out, args.steps),
         "gpu": lambda: section_gpu(q, out),
     }

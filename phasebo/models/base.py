@@ -37,7 +37,7 @@ from .. import rules
 from ..data import Batch, Distribution, label_values
 from ..flow import STEP_MAX, STEP_MAX_F32, is_flow, record_times
 from ..metrics import binary_margin, logistic_loss
-from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting, record_steps
+from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting, minibatched, record_steps
 
 
 class Model(abc.ABC):
@@ -91,6 +91,10 @@ class Model(abc.ABC):
         """Raise :class:`ConfigError` for a combination of settings the model cannot run."""
         if self.data is not None:
             self.data.check(r)
+        if r.get("test_reference") == "clean" and "noise_ratio" not in self.settings:
+            raise ConfigError(f"test_reference = \"clean\" judges runs against the noise-free "
+                              f"runs of their sweep, but model {self.name!r} has no noise_ratio; "
+                              "fix: test_reference = \"absolute\"")
         if r.get("dynamics") == "flow":
             rule = [f"{k} = {r[k]!r}" for k, v in (("optimizer", "sgd"), ("clip_norm", 0.0),
                                                    ("lr_schedule", "constant"))
@@ -249,6 +253,9 @@ class Model(abc.ABC):
                                                            "constant") != "constant":
             return ("gradient clipping and step-size schedules run on engine = \"direct\" (the "
                     "span engines step with a constant lr)")
+        if minibatched(static):
+            return ("minibatch training runs on engine = \"direct\" (the span engines take "
+                    "full-batch steps)")
         return None
 
     def span_problem(self, static, sw: dict, key: jax.Array, reduced: bool):
