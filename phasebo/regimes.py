@@ -31,8 +31,9 @@ decade::
 and calls the run ``fitting`` when that is positive: at the trend of its last half, it would fit
 every label within ten times its horizon, so its label at ``t`` is not yet a phase. Without an
 earlier step ``t' >= 1`` (horizons of one step) the trend is unknown and the run keeps the
-``not_overfitting`` label. The rule was checked on real runs by running them ten times longer
-(``docs/science.md``).
+``not_overfitting`` label; so does a run whose step size decays to 0 at its horizon
+(``lr_schedule = "linear"``), at that horizon: its training has stopped. The rule was checked
+on real runs by running them ten times longer (``docs/science.md``).
 
 Accuracies are ``k / n`` in float32, so the thresholds carry a ``1e-6`` tolerance.
 
@@ -107,13 +108,22 @@ def classify_runs(res: pd.DataFrame, reference=1.0) -> np.ndarray:
     steps = res["steps"].to_numpy(float) if "steps" in res.columns else np.zeros(len(res))
     kw = {}
     if {"margin", "margin_mid"} <= set(res.columns):
-        kw = dict(margin=res["margin"].to_numpy(float), margin_prev=res["margin_mid"].to_numpy(float),
+        mid = np.where(stops_at_horizon(res), np.nan, res["margin_mid"].to_numpy(float))
+        kw = dict(margin=res["margin"].to_numpy(float), margin_prev=mid,
                   step=steps, step_prev=np.floor(steps / 2))
     return classify_regime(res["train_acc"].to_numpy(float), res["test_acc"].to_numpy(float),
                            res["status"].astype(str).to_numpy(object),
                            _col(res, "test_eps", 0.05), _col(res, "train_acc_fit", 1.0),
                            n_noisy=res["n_noisy"].to_numpy() if "n_noisy" in res.columns else None,
                            reference=reference, **kw)
+
+
+def stops_at_horizon(res: pd.DataFrame) -> np.ndarray:
+    """Runs whose step size decays to 0 at their horizon (``lr_schedule = "linear"``): training
+    has stopped there, so no trend carries them on and none is ``fitting`` at its horizon."""
+    if "lr_schedule" not in res.columns:
+        return np.zeros(len(res), bool)
+    return res["lr_schedule"].astype(str).to_numpy() == "linear"
 
 
 def _cells(res: pd.DataFrame, by: list[str]) -> np.ndarray:
@@ -223,6 +233,9 @@ def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame, reference=None) -> p
     at_h = (step == horizon) & np.isfinite(mid)
     prev_step = np.where(at_h, np.floor(horizon / 2), prev_step)
     prev_margin = np.where(at_h, mid, prev_margin)
+    # a step size decayed to 0 at the horizon: no trend there (classify_runs alike)
+    prev_margin = np.where((step == horizon) & stops_at_horizon(per_run)[idx], np.nan,
+                           prev_margin)
     regime = classify_regime(d["train_acc"].to_numpy(float), d["test_acc"].to_numpy(float),
                              status, col("test_eps", 0.05).astype(float),
                              col("train_acc_fit", 1.0).astype(float), n_noisy=col("n_noisy", 1),

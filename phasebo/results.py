@@ -254,6 +254,14 @@ def judge(res: pd.DataFrame, dyn: pd.DataFrame | None, settings) -> tuple:
     return res, dyn
 
 
+def _known_settings() -> list[str]:
+    """Every setting this version's models know: the cell key of a table whose parts recorded
+    no column groups."""
+    from .registry import all_settings  # the models (jax): only for such a table
+
+    return list(all_settings())
+
+
 def write_table_atomic(df: pd.DataFrame, path: Path, groups: dict | None = None) -> None:
     """Write Parquet through a temporary file and an atomic rename (never a half-written file);
     ``groups`` (default: ``df.attrs["column_groups"]``), restricted to the table's columns, go
@@ -366,7 +374,7 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
     if "test_reference" in df.columns and (df["test_reference"].astype(str) == "clean").any():
         # judged against noise-free runs, which other chunks may hold: judge the whole table
         dyn, g = tables.get("dynamics", (None, None))
-        settings = (groups or {}).get("settings") or list(df.columns)
+        settings = (groups or {}).get("settings") or _known_settings()
         df, dyn = judge(df.assign(regime=df["regime"].astype(str)), dyn, settings)
         if dyn is not None:
             tables["dynamics"] = (dyn.assign(regime=pd.Categorical(
@@ -406,7 +414,8 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
                                                    == "clean").any():
                 # judged against the noise-free runs finished so far (the final table judges
                 # again); the timelines stay as their chunks wrote them
-                settings = (attrs.get("column_groups") or {}).get("settings") or list(df.columns)
+                settings = (attrs.get("column_groups") or {}).get("settings") or \
+                    _known_settings()
                 df, _ = judge(df.assign(regime=df["regime"].astype(str)), None, settings)
             df = apply_schema(df)
             df.attrs.update(attrs)

@@ -191,7 +191,7 @@ CORE = (
     S("root_seed", 0, int, "key", "root PRNG seed; a run's key is derived from it and from the "
       "run's identity (its settings and seed)", nonneg),
     S("test_eps", 0.05, float, "host", "regime: benign iff train acc = 1 and test acc >= "
-      "1 - test_eps", unit_interval, identity=False),
+      "A - test_eps (A: 1, or the clean reference: test_reference)", unit_interval, identity=False),
     S("train_acc_fit", 1.0, float, "host", "regime: train accuracy that counts as fitting every "
       "label", lambda v: None if 0 < v <= 1 else "must be in (0, 1]", identity=False),
     S("test_reference", "absolute", str, "host", "regime: benign iff test acc >= A - test_eps "

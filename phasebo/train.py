@@ -169,8 +169,9 @@ class Recorder(NamedTuple):
 
 def run_loop(state, step: Callable, final: Callable, steps: int, record_at, record_fn, *,
              margin_fn: Callable, batch: Batch, relevant: Callable | None, dtype,
-             view: Callable | None = None, unroll: int = 1, seen: Callable | None = None):
-    """Full-batch GD ``steps`` times with the shared bookkeeping.
+             view: Callable | None = None, unroll: int = 1, seen: Callable | None = None,
+             mid_margin: Callable | None = None):
+    """``steps`` GD steps (full-batch, or minibatches: ``seen``) with the shared bookkeeping.
 
     ``step(state) -> (now, new, (f, s, a), finite)``: ``now`` is the state at this step (as the
     metrics see it), ``new`` the state after the update, ``finite`` whether the loss, the gradient
@@ -179,6 +180,8 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     the recorder defer the metrics to after the loop (:class:`Recorder`).
     ``seen(new) -> (n,)`` (minibatch steps, whose ``f`` covers one batch): each sample's margin
     when it was last in a batch, read from the new state; the first-fit bookkeeping uses it.
+    ``mid_margin(now) -> (n,)``: the margins of the full training set at the middle step (the
+    regime's trend needs every sample's current margin, which a batch does not give).
 
     Returns ``(now, (f, s, a), LoopState)`` at the last step.
     """
@@ -194,8 +197,12 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
         now, new, (f, s, a), finite = step(state)
         margin = margin_fn(f, batch.y) if seen is None else seen(new)
         ls = ls.observe(t, margin, s, relevant)
-        ls = ls._replace(margin_mid=jnp.where(t == mid, jnp.min(margin).astype(dtype),
-                                              ls.margin_mid))
+        if mid_margin is None:
+            ls = ls._replace(margin_mid=jnp.where(t == mid, jnp.min(margin).astype(dtype),
+                                                  ls.margin_mid))
+        else:  # one full pass, at the middle step only (an unbatched predicate: a real branch)
+            ls = ls._replace(margin_mid=jax.lax.cond(
+                t == mid, lambda: jnp.min(mid_margin(now)).astype(dtype), lambda: ls.margin_mid))
         ls = ls._replace(buf=rec.write(ls.buf, t, now, f, s, a))
         return (new, ls.check(t, finite)), None
 
@@ -305,7 +312,8 @@ def recorder_fn(model, static, sw, metrics: Callable, batch: Batch) -> Callable:
 
 
 def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
-    """Train ``model`` on data drawn from ``key`` by full-batch GD (optax, the model's rule).
+    """Train ``model`` on data drawn from ``key`` by GD (optax, the model's rule), full-batch or
+    in minibatches (``batch_size``, :func:`minibatch_step`).
 
     ``sw`` holds scalar arrays: the model's swept settings and its derived values
     (:meth:`phasebo.models.Model.derived`).
@@ -378,7 +386,9 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
         p, (f, s, a), ls = run_loop(state, step, final, steps, model.recorded_steps(static),
                                     record_fn, margin_fn=margin_fn, batch=batch,
                                     relevant=relevant, dtype=dtype,
-                                    view=lambda p_: forward(p_)[1], seen=seen)
+                                    view=lambda p_: forward(p_)[1], seen=seen,
+                                    mid_margin=None if seen is None else
+                                    (lambda p_: margin_fn(forward(p_)[1][0], batch.y)))
     final_metrics = finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed)
     if seen is not None and roles is not None:
         for g in GROUPS:  # not accumulated in minibatch training (above): not a measured zero
@@ -396,7 +406,9 @@ def minibatch_step(model, static, opt, combine: Callable, batch: Batch, aux, key
     the mean loss), as a PyTorch ``DataLoader(shuffle=True)``. The gradient is that of the batch's
     mean loss. The state is ``(params, opt_state, t, seen)``: ``seen`` holds each sample's margin
     from the last batch it was in (``-inf`` before), so a sample counts as fitted from the step
-    at which a batch first saw it fitted (at most an epoch after it was).
+    at which a batch first saw it fitted: up to two epochs after it was (a fresh order each
+    epoch), and a fit that comes and goes between two visits is not seen. The final accuracies
+    and margins, and the middle step's margin of the regime's trend, are full passes.
     """
     n, B = batch.y.shape[0], static.batch_size
     k = epoch_steps(n, B)

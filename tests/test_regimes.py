@@ -277,6 +277,21 @@ def test_clean_reference_judges_against_the_noise_free_runs_of_the_same_cell():
                             "harmful", "no_baseline", "benign"]
 
 
+def test_a_step_size_decayed_to_zero_stops_the_still_fitting_trend_at_the_horizon():
+    """lr_schedule = linear: lr is 0 at the horizon, so a run with an unfitted label there is
+    not_overfitting, whatever its margin's trend (constant lr: fitting)."""
+    res = pd.DataFrame({"train_acc": [0.95, 0.95], "test_acc": [1.0, 1.0], "status": ["ok"] * 2,
+                        "n_noisy": [4, 4], "margin": [-0.1, -0.1], "margin_mid": [-0.3, -0.3],
+                        "steps": [1000, 1000], "lr_schedule": ["constant", "linear"]})
+    assert list(classify_runs(res)) == ["fitting", "not_overfitting"]
+    dyn = pd.DataFrame({"run_id": [0, 0, 1, 1], "step": [500, 1000] * 2,
+                        "train_acc": [0.9, 0.95] * 2, "test_acc": [1.0] * 4,
+                        "margin": [-0.3, -0.1] * 2})
+    reg = regimes_over_time(dyn, res.assign(run_id=[0, 1]))
+    assert list(reg.loc[reg["step"] == 1000, "regime"].astype(str)) == ["fitting",
+                                                                        "not_overfitting"]
+
+
 def test_clean_reference_over_time_reads_the_clean_runs_at_the_same_step():
     res = pd.DataFrame({"run_id": [1, 2, 3], "n": [20, 20, 20], "noise_ratio": [0.0, 0.0, 0.2],
                         "status": ["ok"] * 3, "test_acc": [0.8, 0.9, 0.5],

@@ -95,16 +95,26 @@ def test_minibatch_steps_against_a_loop_over_the_batches(x64):
                                 None if aux is None else aux[idx])
         return model.margin_loss(f, sub.y)[1]
 
-    p, sizes = np.asarray(params.p), []
+    def margins(p):  # the whole training set's
+        f, _, _ = model.forward(eqx.combine(eqx.tree_at(lambda m: m.p, params, p), fixed), batch,
+                                aux)
+        return np.asarray(model.margin_loss(f, batch.y)[0])
+
+    p, sizes, mid = np.asarray(params.p), [], None
     for epoch in range(2):
         order = np.asarray(jr.permutation(jr.fold_in(jr.fold_in(key, 3), epoch), 8))
         for b in range(3):
+            if len(sizes) == 3:  # step 3 = steps // 2: the regime trend's earlier point
+                mid = margins(p).min()
             idx = order[3 * b:3 * b + 3]
             sizes.append(len(idx))
             p = p - 0.05 * np.asarray(jax.grad(loss)(p, idx))
     assert sizes == [3, 3, 2, 3, 3, 2]
     out = run_one(s, key=KEY)
     assert float(out.final["p_norm"]) == pytest.approx(np.linalg.norm(p), rel=1e-12)
+    # the middle step's smallest margin is a full pass, not the batches' last-seen margins
+    assert float(out.final["margin_mid"]) == pytest.approx(mid, rel=1e-12)
+    np.testing.assert_allclose(out.samples["final_margin"], margins(p), rtol=1e-12)
     # a batch as large as the training set is full-batch GD, step for step
     full = run_one(dict(BASE, steps=2), key=KEY)
     same = run_one(dict(BASE, batch_size=8, epochs=2), key=KEY)

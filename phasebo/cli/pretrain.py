@@ -8,6 +8,7 @@ import json
 
 from ..models.vit_backbone import backbone_path, backbone_record, backbone_settings
 from ..models.vit_digits import ViTDigitsModel
+from ..settings import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,12 +16,22 @@ def main(argv: list[str] | None = None) -> int:
     cached backbone, with its clean test accuracy and the seconds its training took."""
     model = ViTDigitsModel()
     p = argparse.ArgumentParser(prog="phasebo pretrain", description=main.__doc__)
-    for k in ("vit_width", "vit_depth", "vit_heads", "vit_patch", "pretrain_steps",
-              "pretrain_seed", "probe_steps"):
-        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=model.settings[k].default)
-    p.add_argument("--phase1", choices=model.settings["phase1"].choices,
-                   default=model.settings["phase1"].default, help=model.settings["phase1"].doc)
+    for k in ("vit_width", "vit_depth", "vit_heads", "pretrain_steps", "pretrain_seed",
+              "probe_steps"):
+        st = model.settings[k]
+        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=st.default, help=st.doc)
+    for k in ("vit_patch", "phase1"):
+        st = model.settings[k]
+        p.add_argument(f"--{k.replace('_', '-')}", type=st.type, choices=st.choices,
+                       default=st.default, help=st.doc)
     args = p.parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v != model.settings[k].default}
+    try:  # the model's own checks: a setting without effect is refused, as in a sweep file
+        from ..config import check_cell, resolve
+
+        check_cell(resolve({"model": model.name, **given}), given)
+    except ConfigError as e:
+        p.error(str(e))
     static = model.static_of({k: getattr(args, k) for k in vars(args)})
     rec = backbone_record(static)
     print(json.dumps(rec, indent=1))

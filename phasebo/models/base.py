@@ -203,8 +203,10 @@ class Model(abc.ABC):
         """Device memory one run of the direct engine needs (an estimate)."""
 
     def cost_per_run(self, static) -> float:
-        """Flops of one direct run (an estimate, for planning and the dry run)."""
-        d, n, T = getattr(static, "d", 1), static.n, getattr(static, "T", 1)
+        """Flops of one direct run (an estimate, for planning and the dry run): a step sees n
+        samples, or a batch of them."""
+        d, T = getattr(static, "d", 1), getattr(static, "T", 1)
+        n = static.batch_size if minibatched(static) else static.n
         return 6.0 * n * T * d * max(self.loop_steps(static), 1)
 
     def loop_steps(self, static) -> int:

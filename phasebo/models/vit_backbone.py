@@ -206,7 +206,9 @@ def init_vit(key, width: int, depth: int, heads: int, n_classes: int = 10,
 # Phase 1: pretraining, cached
 # --------------------------------------------------------------------------------------------
 
-PRETRAIN_VERSION = 1
+# 2: every leaf float32 whatever x64 (a backbone stored by version 1 under x64 had float64
+# leaves); the same weights as version 1 otherwise
+PRETRAIN_VERSION = 2
 
 
 def backbone_settings(static) -> dict:

@@ -235,9 +235,10 @@ class ViTDigitsModel(Model):
 
         The head reads only the CLS token, so of the last block only the CLS row matters: per
         head ``q = (L_0 Wq + bq)_h`` and the logits ``a_t = q . (L_t Wk + bk)_h / sqrt(dh)``,
-        computed as ``L_t . (Wk_h q) + q . bk_h`` (no key matrix for the 17 tokens); then
+        computed as ``L_t . (Wk_h q) + q . bk_h`` (no key matrix for the T tokens); then
         ``h_0 + softmax(a) V Wo + bo`` through the block's MLP and the head. Equal to the full
-        block's CLS output (``ViT.__call__``; tested); about 1/15 of its work.
+        block's CLS output (``ViT.__call__``; tested); with 17 tokens about 1/13 of its work
+        (``python -m phasebo.bench --sections vit``).
         Returns ``(f, s, a)`` with the attention weights and logits ``(m, H, T)``.
         """
         h0, L, V = fixed
