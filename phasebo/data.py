@@ -224,6 +224,13 @@ def sakamoto_signal(
     return signal_norm * scale[None, :, None] * direction
 
 
+def signal_pattern(batch: Batch, roles: np.ndarray, sw: dict) -> jax.Array:
+    """``S_0: (n T, 2)``, the signal per unit norm (``batch.signal = ||mu|| S_0``): a function
+    of the labels, roles and ``rho`` alone, so runs that share their draws and differ only in
+    ``||mu||`` share it (phasebo.engines.span.LowRank)."""
+    return sakamoto_signal(batch.y_clean, roles, 1.0, sw["rho"]).reshape(-1, 2)
+
+
 def sakamoto_sample(
     key: jax.Array, n: int, d: int | None, roles: np.ndarray, sw: dict, *, label_mode: str,
     label_noise: str | None, dtype, noise_mode: str = "isotropic",

@@ -39,18 +39,20 @@ The logits are ``a = X W p = g G alpha + K Gamma G alpha`` with ``K = X X^T`` an
 Building ``K, G`` (and, for the metrics, ``X W_0`` and ``W_0 W_0^T X^T``) costs ``O(N d^2)`` once.
 
 **Noise shared along an axis** (:class:`LowRank`). The tokens are noise plus a signal on
-``(e1, e2)``: ``X = E + S`` with ``S`` nonzero on two coordinates only, so
+``(e1, e2)`` proportional to ``||mu||``: ``X = E + S``, ``S_12 = ||mu|| S_0`` with the pattern
+``S_0: (N, 2)`` set by the labels and roles alone, so
 
-    ``X X^T = E E^T + U V^T``,  ``U = [E_12, S_12]``, ``V = [S_12, E_12 + S_12]``  (``N x 4``),
+    ``X X^T = E E^T + A D A^T``,  ``A = [E_12, S_0]``,  ``D = [[0, ||mu|| I], [||mu|| I, ||mu||^2 I]]``,
 
 and with a ``W``: ``X W = E W + S_12 W_12`` (``W_12`` the first two rows of ``W``), so
-``(X W)(X W)^T = (E W)(E W)^T + U' V'^T`` with ``U' = [P, S_12]``, ``V' = [S_12, P + S_12 Q]``,
-``P = (E W) W_12^T``, ``Q = W_12 W_12^T`` (:func:`signal_gram`). Runs that share their noise
-``E`` (and ``W_0``) share the ``N x N`` part; only the rank-4 part depends on the signal. Written
-this way, a group of such runs vmapped with the shared part unbatched steps by one
-``(M x N) (N x N)`` matrix product instead of ``M`` matrix-vector products, and builds ``E E^T``
-and ``E W_0`` once (the executor's grouped mode, :mod:`phasebo.execute`). Alone, a run computes
-the same numbers.
+``(X W)(X W)^T = (E W)(E W)^T + A' D' A'^T`` with ``A' = [P, S_0]``, ``P = (E W) W_12^T`` and
+``D' = [[0, ||mu|| I], [||mu|| I, ||mu||^2 Q]]``, ``Q = W_12 W_12^T`` (:func:`signal_gram`).
+Runs that share their noise ``E`` (and ``W_0``) share ``C = E E^T`` and ``A``; only the
+``4 x 4`` matrix ``D`` depends on the signal. Written this way, a group of such runs vmapped with
+the shared part unbatched steps by one ``(M x N) (N x (N + 4))`` matrix product with ``[C | A]``
+and one ``(M x 4) (4 x N)`` product with ``A^T`` instead of ``M`` matrix-vector products, and
+builds ``E E^T`` and ``E W_0`` once (the executor's grouped mode, :mod:`phasebo.execute`).
+Alone, a run computes the same numbers with ``K`` as one matrix.
 """
 
 from __future__ import annotations
@@ -76,39 +78,53 @@ def flat_gram(B: jax.Array, C: jax.Array | None = None) -> jax.Array:
 
 
 class LowRank(NamedTuple):
-    """``K = C + U V^T``: ``C: (N, N)`` (shared by the runs of a noise group), ``U, V: (N, r)``."""
+    """``K = C + A D A^T`` stored as ``CA = [C | A]: (N, N + r)`` (shared by the runs of a noise
+    group: one matrix product serves both) and ``D: (r, r)`` (symmetric, the run's own)."""
 
-    C: jax.Array
-    U: jax.Array
-    V: jax.Array
+    CA: jax.Array
+    D: jax.Array
+
+    @property
+    def A(self) -> jax.Array:
+        return self.CA[:, self.CA.shape[0]:]
 
 
-def signal_gram(EW: jax.Array, S12: jax.Array, W12: jax.Array | None = None) -> LowRank:
-    """The Gram of ``B = E W + S_12 W_12`` as :class:`LowRank` (module docstring): ``EW: (N, D)``
-    the noise as the query sees it (``W = I``: the noise itself, ``W_12 = I``), ``S12: (N, 2)``
-    the signal on ``(e1, e2)``, ``W12: (2, D)`` the first two rows of ``W``."""
+def signal_gram(EW: jax.Array, S0: jax.Array, mu: jax.Array,
+                W12: jax.Array | None = None) -> LowRank:
+    """The Gram of ``B = E W + ||mu|| S_0 W_12`` as :class:`LowRank` (module docstring): ``EW:
+    (N, D)`` the noise as the query sees it (``W = I``: the noise itself, ``W_12 = I``), ``S0:
+    (N, 2)`` the signal pattern on ``(e1, e2)`` per unit norm, ``mu`` the signal norm, ``W12:
+    (2, D)`` the first two rows of ``W``."""
+    mu = jnp.asarray(mu, EW.dtype)
     if W12 is None:
-        P, SQ = EW[:, :2], S12
+        P, Q = EW[:, :2], jnp.eye(2, dtype=EW.dtype)
     else:
-        P, SQ = EW @ W12.T, S12 @ (W12 @ W12.T)
-    return LowRank(EW @ EW.T, jnp.concatenate([P, S12], 1), jnp.concatenate([S12, P + SQ], 1))
+        P, Q = EW @ W12.T, W12 @ W12.T
+    I2 = jnp.eye(2, dtype=EW.dtype)
+    D = jnp.block([[jnp.zeros_like(I2), mu * I2], [mu * I2, mu**2 * Q]])
+    return LowRank(jnp.concatenate([EW @ EW.T, P, S0], 1), D)
 
 
 def gram_dot(v: jax.Array, K) -> jax.Array:
     """``v K`` for a row vector (or rows) ``v``, ``K`` an array or a :class:`LowRank`
-    (``v C + (v U) V^T``: one product with the shared ``C``, two thin ones). Every Gram here is
-    symmetric, so ``v K`` is also ``(K v^T)^T``."""
+    (``[v C | v A] = v [C | A]``, then ``+ ((v A) D) A^T``: with ``C, A`` shared, a group's rows
+    make two matrix products). Every Gram here is symmetric, so ``v K`` is also ``(K v^T)^T``."""
     if isinstance(K, LowRank):
-        # the thin products as multiply-and-sum: XLA fuses them into the surrounding step,
-        # where a batched (1 x N)(N x 4) dot per run is a slow library call on CPU
-        w = jnp.sum(v[..., :, None] * K.U, axis=-2)
-        return v @ K.C + jnp.sum(w[..., None, :] * K.V, axis=-1)
+        N = K.CA.shape[0]
+        P = v @ K.CA
+        # (v A) D as multiply-and-sum: XLA fuses it into the step, where a batched
+        # (1 x 4)(4 x 4) dot per run would be a slow library call on CPU
+        w = jnp.sum(P[..., N:, None] * K.D, axis=-2)
+        return P[..., :N] + w @ K.A.T
     return v @ K
 
 
 def gram_full(K) -> jax.Array:
     """The ``N x N`` matrix of ``K``."""
-    return K.C + K.U @ K.V.T if isinstance(K, LowRank) else K
+    if isinstance(K, LowRank):
+        N = K.CA.shape[0]
+        return K.CA[:, :N] + K.A @ K.D @ K.A.T
+    return K
 
 
 def dense(prob):

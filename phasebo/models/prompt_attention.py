@@ -30,6 +30,7 @@ from ..data import (
     sakamoto_reduced_sample,
     sakamoto_roles,
     sakamoto_sample,
+    signal_pattern,
 )
 from ..engines.span import SpanProblem, SpanWProblem, gram_dot, signal_gram
 from ..metrics import attend, query_metrics
@@ -224,7 +225,7 @@ class PromptAttentionModel(Model):
                                        init=static.init, init_scale=sw["init_scale"], dtype=dtype)
             p0, nu, W = m0.p, m0.nu, m0.W
         X, N = batch.X, n * T
-        S12 = batch.signal.reshape(N, 2)
+        S12, S0 = batch.signal.reshape(N, 2), signal_pattern(batch, roles, sw)
         W12 = None if W is None else W[:2]
         # the tokens as the prompt sees them, B = X W = E W + S W_12 (a = B p), and their Gram
         # with the noise part apart: runs sharing their noise share E W and (E W)(E W)^T
@@ -237,7 +238,8 @@ class PromptAttentionModel(Model):
             return PromptAttention(p=p, W=W, nu=nu)
 
         zero = jnp.zeros((), dtype)
-        return SpanProblem(batch, test, signal_gram(EW, S12, W12), (Bf @ p0).reshape(n, T),
+        return SpanProblem(batch, test, signal_gram(EW, S0, sw["signal_norm"], W12),
+                           (Bf @ p0).reshape(n, T),
                            X @ nu, None, jnp.sum(p0**2), zero, params)
 
     def _span_w_problem(self, static, sw, k_data, k_init, test):
@@ -248,7 +250,7 @@ class PromptAttentionModel(Model):
         m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
                                    init="zero", init_scale=sw["init_scale"], dtype=dtype)
         Xf, Ef = batch.X.reshape(N, d), batch.noise.reshape(N, d)
-        S12 = batch.signal.reshape(N, 2)
+        S12, S0 = batch.signal.reshape(N, 2), signal_pattern(batch, self.roles(static), sw)
         W0 = m0.W
         if W0 is None:  # W_0 = I
             EW, W12, B0 = Ef, None, Xf
@@ -264,8 +266,8 @@ class PromptAttentionModel(Model):
             q = g * Wp + Xf.T @ (Gamma @ gram_dot(alpha, G))
             return PromptQuery(p=p, q=q, nu=nu)
 
-        K = signal_gram(Ef, S12)
-        G = K if W0 is None else signal_gram(EW, S12, W12)
+        K = signal_gram(Ef, S0, sw["signal_norm"])
+        G = K if W0 is None else signal_gram(EW, S0, sw["signal_norm"], W12)
         return SpanWProblem(batch, test, K, G, batch.X @ nu, params)
 
     def span_bytes(self, static, reduced):
