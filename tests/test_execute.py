@@ -12,6 +12,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 import pandas as pd
 from test_sweep import assert_same_tables, read, small_spec
 
@@ -120,14 +121,16 @@ def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
     return code, took, err.decode(), counted
 
 
-def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path):
+@pytest.mark.parametrize("common_noise", ["none", "signal_norm"])
+def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path, common_noise):
     """SIGINT to a sweep with chunks sized by measurement (no --chunk-size): exit 130 within
     5 s, every run the progress bar had counted saved, and the resumed sweep equal to one that
-    was never interrupted."""
+    was never interrupted; run by run, and in noise groups (a chunk of whole groups, unfolded
+    into runs when it is saved)."""
     f = tmp_path / "ci.toml"
     f.write_text('name = "ci"\nseeds = 250\n[settings]\nmodel = "prompt_attention"\n'
-                 'steps = 200\nn_test = 100\nrecord_log = 5\n[axes]\nd = [250, 4000]\n'
-                 'signal_norm = [5, 40]\n')
+                 f'steps = 200\nn_test = 100\nrecord_log = 5\ncommon_noise = "{common_noise}"\n'
+                 '[axes]\nd = [250, 4000]\nsignal_norm = [5, 40]\n')
     out = tmp_path / "out"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
     code, took, text, counted = sigint_when_counted(
