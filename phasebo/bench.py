@@ -174,10 +174,10 @@ def numpy_run(d: int, steps: int, seed: int, s=SETTINGS) -> tuple[float, float]:
     return train_acc, test_acc
 
 
-def numpy_rate(d: int, n_runs: int, steps: int) -> float:
+def numpy_rate(d: int, n_runs: int, steps: int, s=SETTINGS) -> float:
     t = time.perf_counter()
     for i in range(n_runs):
-        numpy_run(d, steps, i)
+        numpy_run(d, steps, i, s)
     return n_runs / (time.perf_counter() - t)
 
 
@@ -300,9 +300,12 @@ S2_CASES = ((5000, 5.0), (2000, 20.0), (1000, 100.0))
 
 def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
     """S2 (the three regimes of the fig. 3 sweep) with dynamics recorded every 10 steps, at 20
-    log-spaced steps, and not at all: the throughput of the sweep's block function."""
+    log-spaced steps, and not at all: the throughput of the sweep's block function; beside it a
+    plain NumPy loop over the same runs one at a time (p only, W = I, no records: what a user
+    would script), which recording every 10 steps is measured against."""
     steps = steps or 1000
     n = 256 if q else 1000
+    n_np = 1 if q else 2
     rows = []
     for d, mu in ([S2_CASES[1]] if q else S2_CASES):
         rates = {}
@@ -310,14 +313,19 @@ def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) 
                            ("log 20", {"record_log": 20})):
             rates[label] = batched_rate("reduced", d, n, steps, repeat=repeat, signal_norm=mu,
                                         **rec)
-        out.setdefault("dynamics", []).append({"d": d, "signal_norm": mu, "runs": n, **rates})
+        npr = numpy_rate(d, n_np, steps, {**SETTINGS, "signal_norm": mu})
+        out.setdefault("dynamics", []).append({"d": d, "signal_norm": mu, "runs": n, **rates,
+                                               "numpy": npr})
         rows.append([d, mu, _fmt(rates["none"]), _fmt(rates["every 10"]), _fmt(rates["log 20"]),
                      f"{rates['every 10'] / rates['none']:.2f}",
-                     f"{rates['log 20'] / rates['none']:.2f}"])
+                     f"{rates['log 20'] / rates['none']:.2f}", _fmt(npr),
+                     f"{rates['every 10'] / npr:.0f}"])
     _print_table(f"dynamics: S2 runs/s with and without records ({n} runs, {steps} steps, "
                  "reduced engine)",
-                 ["d", "||mu||", "no records", "every 10", "log 20", "every10/none", "log20/none"],
-                 rows)
+                 ["d", "||mu||", "no records", "every 10", "log 20", "every10/none", "log20/none",
+                  "numpy", "every10/numpy"], rows,
+                 f"numpy: {n_np} run(s) one at a time, no records; targets: every10/none >= "
+                 "0.7, every10/numpy >= 200")
 
 
 def section_flow(q: bool, repeat: int, out: dict) -> None:
