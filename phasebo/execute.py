@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -297,7 +298,12 @@ class Executor:
 
                     t = time.perf_counter()
                     interrupted.saving = True  # a Ctrl-C from here on stops after the writes
-                    out, m = self.compute(compiled, arrays, unit, lambda: interrupted.stop, tick)
+                    interrupted.computing = True
+                    try:
+                        out, m = _in_worker(lambda: self.compute(
+                            compiled, arrays, unit, lambda: interrupted.stop, tick))
+                    finally:
+                        interrupted.computing = False
                     # the rows computed, in run order: padding dropped, noise groups unfolded
                     slot = np.arange(n_real) if slots is None else slots
                     kept = slot < m * g.members
@@ -331,29 +337,65 @@ class Executor:
         stats.n_new += len(res)
 
 
+class Abandoned(KeyboardInterrupt):
+    """A second Ctrl-C while a chunk was being computed: its blocks in flight are given up (not
+    saved; a resumed sweep runs them again) and the sweep stops at once."""
+
+
 @dataclasses.dataclass
 class _Interrupt:
     stop: bool = False  # a Ctrl-C came: stop before the next chunk
     saving: bool = False  # a chunk is being computed and written: let it finish
+    computing: bool = False  # its blocks are computing (a second Ctrl-C gives them up)
+
+
+def _in_worker(fn: Callable):
+    """``fn()`` in a daemon thread while this (main) thread waits in short sleeps, so a signal
+    handler runs within ~0.1 s even while a compiled block computes for minutes (a C call in
+    the main thread would hold it off until the block returns). Re-raises what ``fn`` raised."""
+    box: dict = {}
+    done = threading.Event()
+
+    def work():
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # handed to the waiting thread
+            box["err"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=work, daemon=True, name="phasebo-chunk").start()
+    while not done.wait(0.1):
+        pass
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 @contextlib.contextmanager
 def _interruptible():
     """SIGINT sets ``stop``, which the chunk loop reads before every chunk; outside a chunk's
     compute and writes it also raises KeyboardInterrupt at once (a compile or the plan stops
-    there). A chunk being computed when the Ctrl-C comes is finished and saved first: the signal
-    is handled only when the computation returns to Python anyway, and its runs are then done.
-    (The flag also stops the sweep when Python swallows the exception, as it does inside a
-    garbage-collector callback, which jax registers.)"""
+    there). A chunk being computed when the Ctrl-C comes dispatches no further block, finishes
+    the blocks in flight and is saved first (its runs are then done); a second Ctrl-C meanwhile
+    raises :class:`Abandoned` at once (a stiff flow's block can take minutes). (The flag also
+    stops the sweep when Python swallows the exception, as it does inside a garbage-collector
+    callback, which jax registers.)"""
     state = _Interrupt()
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
 
     def handler(signum, frame):
+        if state.stop and state.computing:
+            raise Abandoned
+        first = not state.stop
         state.stop = True
         if not state.saving:
             raise KeyboardInterrupt
+        if first and state.computing:
+            print("\nstopping: the blocks in flight finish and are saved (Ctrl-C again to stop "
+                  "at once; their runs are redone on resume)", file=sys.stderr, flush=True)
 
     old = signal.signal(signal.SIGINT, handler)
     try:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from .config import SweepSpec, baseline_notes, label_noise_notes
-from .execute import Executor, prepare_one, run_one  # noqa: F401 (the door: run_one)
+from .execute import Abandoned, Executor, prepare_one, run_one  # noqa: F401 (the door: run_one)
 from .grid import spec_run_ids
 from .plan import check_disk, plan
 from .registry import ENGINES
@@ -83,9 +83,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     try:
         stats = executor.execute(pl, out_dir, quiet=quiet, max_chunks=max_chunks, share=(pi, pc),
                                  check_columns=check)
-    except KeyboardInterrupt:
-        print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}; run the same "
-              "command again to resume", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        lost = " (the blocks in flight were given up)" if isinstance(e, Abandoned) else ""
+        print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{lost}; run the "
+              "same command again to resume", file=sys.stderr)
         raise
     if stats.stopped:
         return None

@@ -147,3 +147,50 @@ def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path, 
     a, b = read(out), read(tmp_path / "fresh")
     assert_same_tables(a, b)
     assert pd.Index(a["results"]["run_id"]).equals(pd.Index(b["results"]["run_id"]))
+
+
+def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
+    """The first SIGINT while a chunk computes lets its blocks in flight finish (and says so);
+    a second one stops at once (exit 130 within a second or two, not after the ~4 s blocks),
+    saying the blocks in flight were given up; what was saved before stays, each run once."""
+    f = tmp_path / "slow.toml"
+    f.write_text('name = "slow"\nseeds = 256\n[settings]\nmodel = "prompt_attention"\n'
+                 'engine = "reduced"\nsteps = 150000\nn_test = 100\nd = 2000\n')
+    out = tmp_path / "out"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
+    proc = subprocess.Popen([sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out),
+                             "--no-plots"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=env)
+    err = bytearray()
+
+    def drain():
+        while chunk := proc.stderr.read1(4096):
+            err.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not re.search(rb"\b[1-9]\d*/256 \[", err):  # a block done: the next computes
+            assert proc.poll() is None and time.monotonic() < deadline, err.decode()
+            time.sleep(0.05)
+        time.sleep(1.0)  # past the chunk's writes (milliseconds): the next chunk computes
+        proc.send_signal(signal.SIGINT)
+        while b"Ctrl-C again" not in err:
+            assert proc.poll() is None and time.monotonic() < deadline, err.decode()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        proc.stderr.close()
+    text = err.decode()
+    assert code == 130 and took <= 2.0, (code, took, text)
+    assert "Traceback" not in text and "blocks in flight were given up" in text, text
+    done = done_run_ids(out / "parts")
+    assert len(done) < 256 and len(np.unique(done)) == len(done)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import config as C
 from ..config import SweepSpec
-from ..execute import traced_columns
+from ..execute import Abandoned, traced_columns
 from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
 from ..store import check_out_dir, compatible, count_done, read_manifest
@@ -253,6 +253,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except ConfigError as e:
         print(f"{p.prog.split()[-1] if prog else 'phasebo.sweep'}: error: {e}", file=sys.stderr)
         return 2
+    except Abandoned:
+        # blocks given up are still computing in a worker thread: leave without waiting for them
+        # (every saved part is complete: parts are written whole, then renamed)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(130)
     except KeyboardInterrupt:
         return 130
     return 0
