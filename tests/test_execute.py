@@ -84,10 +84,8 @@ def test_chunks_are_sized_by_the_time_they_take():
     assert P.next_width(g, 2, 40, 0.5) == 8
 
 
-def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
-    """Start ``argv``, send SIGINT once its progress bar (of ``total`` runs) counts a finished
-    run: ``(exit code or None if still running 30 s later, seconds from the signal to the exit,
-    stderr, the count the bar showed)``."""
+def started(argv, env) -> tuple:
+    """``(process, its stderr so far (a growing bytearray), the thread reading it)``."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     err = bytearray()
 
@@ -97,6 +95,34 @@ def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
+    return proc, err, reader
+
+
+def interrupt(proc) -> tuple:
+    """SIGINT to ``proc``: ``(exit code or None if still running 30 s later, seconds to it)``."""
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        code = None  # the interrupt was lost: the sweep runs on
+    return code, time.monotonic() - sent
+
+
+def reap(proc, reader) -> None:
+    """Kill ``proc`` if it still runs; close its stderr reader."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    reader.join(timeout=10)
+    proc.stderr.close()
+
+
+def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
+    """Start ``argv``, send SIGINT once its progress bar (of ``total`` runs) counts a finished
+    run: ``(exit code or None if still running 30 s later, seconds from the signal to the exit,
+    stderr, the count the bar showed)``."""
+    proc, err, reader = started(argv, env)
     bar = re.compile(rb"\b([1-9]\d*)/%d \[" % total)
     try:
         deadline = time.monotonic() + timeout
@@ -105,19 +131,9 @@ def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
             assert time.monotonic() < deadline, "the sweep did not start\n" + err.decode()
             time.sleep(0.05)
         counted = int(bar.findall(err)[-1])
-        proc.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            code = None  # the interrupt was lost: the sweep runs on
-        took = time.monotonic() - sent
+        code, took = interrupt(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        reader.join(timeout=10)
-        proc.stderr.close()
+        reap(proc, reader)
     return code, took, err.decode(), counted
 
 
@@ -158,17 +174,8 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
                  'engine = "reduced"\nsteps = 150000\nn_test = 100\nd = 2000\n')
     out = tmp_path / "out"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
-    proc = subprocess.Popen([sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out),
-                             "--no-plots"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=env)
-    err = bytearray()
-
-    def drain():
-        while chunk := proc.stderr.read1(4096):
-            err.extend(chunk)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    proc, err, reader = started([sys.executable, "-m", "phasebo", "sweep", str(f), "--out",
+                                 str(out), "--no-plots"], env)
     try:
         deadline = time.monotonic() + 240
         while not re.search(rb"\b[1-9]\d*/256 \[", err):  # a block done: the next computes
@@ -179,16 +186,9 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
         while b"Ctrl-C again" not in err:
             assert proc.poll() is None and time.monotonic() < deadline, err.decode()
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        code = proc.wait(timeout=30)
-        took = time.monotonic() - sent
+        code, took = interrupt(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        reader.join(timeout=10)
-        proc.stderr.close()
+        reap(proc, reader)
     text = err.decode()
     assert code == 130 and took <= 2.0, (code, took, text)
     assert "Traceback" not in text and "blocks in flight were given up" in text, text
