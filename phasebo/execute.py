@@ -300,8 +300,8 @@ class Executor:
                     interrupted.saving = True  # a Ctrl-C from here on stops after the writes
                     interrupted.computing = True
                     try:
-                        out, m = _in_worker(lambda: self.compute(
-                            compiled, arrays, unit, lambda: interrupted.stop, tick))
+                        out, m = _in_worker(self.compute, compiled, arrays, unit,
+                                            lambda: interrupted.stop, tick)
                     finally:
                         interrupted.computing = False
                     # the rows computed, in run order: padding dropped, noise groups unfolded
@@ -349,8 +349,8 @@ class _Interrupt:
     computing: bool = False  # its blocks are computing (a second Ctrl-C gives them up)
 
 
-def _in_worker(fn: Callable):
-    """``fn()`` in a daemon thread while this (main) thread waits in short sleeps, so a signal
+def _in_worker(fn: Callable, *args):
+    """``fn(*args)`` in a daemon thread while this (main) thread waits in short sleeps, so a signal
     handler runs within ~0.1 s even while a compiled block computes for minutes (a C call in
     the main thread would hold it off until the block returns). Re-raises what ``fn`` raised."""
     box: dict = {}
@@ -358,7 +358,7 @@ def _in_worker(fn: Callable):
 
     def work():
         try:
-            box["out"] = fn()
+            box["out"] = fn(*args)
         except BaseException as e:  # handed to the waiting thread
             box["err"] = e
         finally:

@@ -12,8 +12,8 @@ import time
 
 import jax
 import numpy as np
-import pytest
 import pandas as pd
+import pytest
 from test_sweep import assert_same_tables, read, small_spec
 
 from phasebo import grid as G
