@@ -299,10 +299,9 @@ S2_CASES = ((5000, 5.0), (2000, 20.0), (1000, 100.0))
 
 
 def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
-    """S2 (the three regimes of the fig. 3 sweep) with dynamics recorded every 10 steps, at 20
-    log-spaced steps, and not at all: the throughput of the sweep's block function; beside it a
-    plain NumPy loop over the same runs one at a time (p only, W = I, no records: what a user
-    would script), which recording every 10 steps is measured against."""
+    """S2 (the fig. 3 sweep's three regimes) recorded every 10 steps, at 20 log-spaced steps and
+    not at all (the sweep's block function); beside it a plain NumPy loop over the same runs one
+    at a time (p only, W = I, no records: what a user would script)."""
     steps = steps or 1000
     n = 256 if q else 1000
     n_np = 1 if q else 2

@@ -137,7 +137,8 @@ def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
     return code, took, err.decode(), counted
 
 
-@pytest.mark.parametrize("common_noise", ["none", "signal_norm"])
+@pytest.mark.parametrize("common_noise", [  # noise groups: 19 s more, with -m slow
+    "none", pytest.param("signal_norm", marks=pytest.mark.slow)])
 def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path, common_noise):
     """SIGINT to a sweep with chunks sized by measurement (no --chunk-size): exit 130 within
     5 s, every run the progress bar had counted saved, and the resumed sweep equal to one that
