@@ -96,11 +96,8 @@ def signal_gram(EW: jax.Array, S0: jax.Array, mu: jax.Array,
     (N, 2)`` the signal pattern on ``(e1, e2)`` per unit norm, ``mu`` the signal norm, ``W12:
     (2, D)`` the first two rows of ``W``."""
     mu = jnp.asarray(mu, EW.dtype)
-    if W12 is None:
-        P, Q = EW[:, :2], jnp.eye(2, dtype=EW.dtype)
-    else:
-        P, Q = EW @ W12.T, W12 @ W12.T
     I2 = jnp.eye(2, dtype=EW.dtype)
+    P, Q = (EW[:, :2], I2) if W12 is None else (EW @ W12.T, W12 @ W12.T)
     D = jnp.block([[jnp.zeros_like(I2), mu * I2], [mu * I2, mu**2 * Q]])
     return LowRank(jnp.concatenate([EW @ EW.T, P, S0], 1), D)
 
