@@ -95,6 +95,26 @@ def test_a_solve_that_runs_out_of_steps_is_data(tmp_path):
     assert (df["status"] == "unsolved").all() and (df["regime"] == "unsolved").all()
 
 
+@pytest.mark.parametrize("extra", [{}, {"flow_max_steps": 3}], ids=["solved", "unsolved"])
+def test_saving_states_or_metrics_at_the_save_times_gives_the_same_run(monkeypatch, x64, extra):
+    """The flow keeps the states at its save times and computes everything after the solve; for
+    states too large to keep it computes the metrics at each save instead. Both give one run."""
+    s = dict(d=200, n=8, T=4, signal_norm=10.0, n_test=100, dynamics="flow", flow_time=50.0,
+             lr=0.01, record_log=8, dtype="float64", **extra)
+    kept = run_one(s, seed=3)
+    monkeypatch.setattr(phasebo.train, "DEFER_BYTES", 0)
+    jax.clear_caches()  # a new trace, not the first run's program
+    each = run_one(s, seed=3)
+    for part in ("final", "dynamics", "samples"):
+        a, b = getattr(kept, part), getattr(each, part)
+        assert set(a) == set(b)
+        for k in a:
+            np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), rtol=1e-12,
+                                       err_msg=f"{part}.{k}")
+    solved = int(kept.final["status"]) == 0
+    assert solved == (not extra) and np.isnan(np.asarray(kept.dynamics["test_acc"])).any() != solved
+
+
 def test_a_flow_sweep_writes_gd_equivalent_steps_and_flow_time(tmp_path):
     spec = phasebo.spec_from_dict(
         dict(d=300, n=8, T=4, n_test=100, dynamics="flow", flow_time=50.0, lr=0.01,
