@@ -354,3 +354,40 @@ def test_ctrl_c_exits_130_without_traceback(tiny_file, flags, tmp_path):
         tag = p.name.removeprefix("results-")
         assert {q.name.split("-")[0] for q in (out / "parts").glob(f"*-{tag}")} >= {"results",
                                                                                      "samples"}
+
+
+def test_xla_cpu_tuning_is_added_once_and_only_where_asked(monkeypatch):
+    from phasebo.cli.xla import YNN_FUSION, YNN_MEASURED, tune_xla_cpu
+
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "{}.{}.7".format(*YNN_MEASURED))
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    assert tune_xla_cpu(env) and env["XLA_FLAGS"].endswith(" " + YNN_FUSION)
+    assert not tune_xla_cpu(env) and env["XLA_FLAGS"].count("ynn") == 1  # once
+    mine = {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="}  # the user's choice stays
+    assert not tune_xla_cpu(mine) and mine["XLA_FLAGS"].endswith("type=")
+    off = {"PHASEBO_XLA_TUNING": "0"}
+    assert not tune_xla_cpu(off) and "XLA_FLAGS" not in off
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "9.99.0")
+    other = {}  # a jaxlib it was not measured on may not know the flag (XLA would stop)
+    assert not tune_xla_cpu(other) and "XLA_FLAGS" not in other
+
+
+def test_a_sweep_gives_the_same_numbers_with_and_without_the_xla_cpu_tuning(tiny_file, tmp_path):
+    """The sweep command's XLA fusion changes how matrix products are computed, not what: the
+    noise groups of the tiny map (float32, where it speeds the step up) give the same tables."""
+    plain = " ".join(f for f in ENV.get("XLA_FLAGS", "").split() if "ynn" not in f)
+    env0 = {**ENV, "PHASEBO_XLA_TUNING": "0", "XLA_FLAGS": plain}
+    procs = {k: subprocess.Popen(
+        [sys.executable, "-m", "phasebo", "sweep", str(tiny_file), "--out", str(tmp_path / k),
+         "--set", "common_noise=signal_norm", "--no-plots", "--quiet"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=e) for k, e in (("off", env0), ("on", ENV))}
+    for p in procs.values():
+        out, err = p.communicate(timeout=300)
+        assert_clean(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    a, b = (pd.read_parquet(tmp_path / k / "results.parquet").sort_values(["d", "signal_norm",
+                                                                         "seed"])
+            for k in ("off", "on"))
+    assert len(a) == 12 and list(a["regime"]) == list(b["regime"])
+    for c in ("train_loss", "test_loss", "test_acc", "p_norm", "margin"):
+        np.testing.assert_allclose(b[c].to_numpy(), a[c].to_numpy(), rtol=1e-5, atol=1e-7,
+                                   err_msg=c)

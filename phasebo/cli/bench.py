@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .xla import tune_xla_cpu
+
+    tune_xla_cpu()  # as the sweep command does
     import jax
 
     ncpu = args.cpu_devices or os.cpu_count() or 1
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     devs = jax.local_devices()
     print(f"phasebo.bench: {len(devs)} {devs[0].platform} device(s), {os.cpu_count()} cores, "
-          f"jax {jax.__version__}{', quick' if args.quick else ''}")
+          f"jax {jax.__version__}, XLA_FLAGS {os.environ.get('XLA_FLAGS', '') or '-'}"
+          f"{', quick' if args.quick else ''}")
     out: dict = {"devices": len(devs), "platform": devs[0].platform, "quick": args.quick}
     t0 = time.perf_counter()
     q, repeat = args.quick, args.repeat

@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seeds per cell of the W-and-p S3 map (the paper had 1)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    from .xla import tune_xla_cpu
+
+    tune_xla_cpu()  # as the sweep command does
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         import jax  # one CPU device per core, as the sweep command does
 

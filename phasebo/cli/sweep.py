@@ -128,7 +128,11 @@ def override_slug(overrides: dict, spec: SweepSpec) -> str:
 
 def start_jax(args) -> None:
     """Process-wide JAX settings, before any backend starts: one CPU device per core (XLA runs a
-    vmapped program on one core), 64-bit floats, the on-disk compilation cache."""
+    vmapped program on one core), XLA's CPU fusion (:func:`phasebo.cli.xla.tune_xla_cpu`), 64-bit
+    floats, the on-disk compilation cache."""
+    from .xla import tune_xla_cpu
+
+    tune_xla_cpu()
     import jax
 
     ncpu = args.cpu_devices or os.cpu_count() or 1
