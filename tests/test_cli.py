@@ -374,7 +374,8 @@ def test_xla_cpu_tuning_is_added_once_and_only_where_asked(monkeypatch):
 
 def test_a_sweep_gives_the_same_numbers_with_and_without_the_xla_cpu_tuning(tiny_file, tmp_path):
     """The sweep command's XLA fusion changes how matrix products are computed, not what: the
-    noise groups of the tiny map (float32, where it speeds the step up) give the same tables."""
+    noise groups of the tiny map (float32, where it speeds the step up) give the same regimes and
+    the same numbers to float32 rounding."""
     plain = " ".join(f for f in ENV.get("XLA_FLAGS", "").split() if "ynn" not in f)
     env0 = {**ENV, "PHASEBO_XLA_TUNING": "0", "XLA_FLAGS": plain}
     procs = {k: subprocess.Popen(
@@ -389,5 +390,5 @@ def test_a_sweep_gives_the_same_numbers_with_and_without_the_xla_cpu_tuning(tiny
             for k in ("off", "on"))
     assert len(a) == 12 and list(a["regime"]) == list(b["regime"])
     for c in ("train_loss", "test_loss", "test_acc", "p_norm", "margin"):
-        np.testing.assert_allclose(b[c].to_numpy(), a[c].to_numpy(), rtol=1e-5, atol=1e-7,
+        np.testing.assert_allclose(b[c].to_numpy(), a[c].to_numpy(), rtol=1e-4, atol=1e-5,
                                    err_msg=c)
