@@ -258,26 +258,32 @@ class PromptAttentionModel(Model):
         batch = self.sample(static, sw, k_data, test=False)
         m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
                                    init="zero", init_scale=sw["init_scale"], dtype=dtype)
-        Xf, Ef = batch.X.reshape(N, d), batch.noise.reshape(N, d)
+        Ef = batch.noise.reshape(N, d)
         S12, S0 = batch.signal.reshape(N, 2), signal_pattern(batch, self.roles(static), sw)
         W0 = m0.W
+        # X = E + S_12 on (e1, e2) and X W_0 = E W_0 + S_12 W_12 are never formed: their
+        # signal part is each run's own, so inside a noise group they would be an N x d array
+        # per run; the products below touch the shared E and E W_0 once per group
         if W0 is None:  # W_0 = I
-            EW, W12, B0 = Ef, None, Xf
-        else:  # X W_0 = E W_0 + S_12 W_12: the O(N d^2) product once per noise group
+            EW, W12 = Ef, None
+        else:  # E W_0: the O(N d^2) product once per noise group
             EW, W12 = Ef @ W0, W0[:2]
-            B0 = EW + S12 @ W12
         nu = m0.nu
+
+        def XT(v):  # X^T v
+            return Ef.T @ v + embed_signal(S12.T @ v, d)
 
         def params(state):
             alpha, Gamma, g = state
-            p = B0.T @ alpha
+            p = XT(alpha) if W0 is None else EW.T @ alpha + (S12.T @ alpha) @ W12  # (X W_0)^T alpha
             Wp = p if W0 is None else W0 @ p  # W_0 W_0^T X^T alpha, never formed as d x N
-            q = g * Wp + Xf.T @ (Gamma @ gram_dot(alpha, G))
+            q = g * Wp + XT(Gamma @ gram_dot(alpha, G))
             return PromptQuery(p=p, q=q, nu=nu)
 
         K = signal_gram(Ef, S0, sw["signal_norm"])
         G = K if W0 is None else signal_gram(EW, S0, sw["signal_norm"], W12)
-        return SpanWProblem(batch, test, K, G, batch.X @ nu, params)
+        h0 = batch.noise @ nu + batch.signal @ nu[:2]  # X nu
+        return SpanWProblem(batch, test, K, G, h0, params)
 
     def span_bytes(self, static, reduced):
         N = static.n * static.T
