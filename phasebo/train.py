@@ -175,7 +175,10 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
 
     ``step(state) -> (now, new, (f, s, a), finite)``: ``now`` is the state at this step (as the
     metrics see it), ``new`` the state after the update, ``finite`` whether the loss, the gradient
-    and the update are finite. ``final(state) -> (now, (f, s, a), loss)``.
+    and the update are finite. ``final(state) -> (now, (f, s, a), loss)``. A system whose update
+    is cheaper to check from the next forward pass than by reading it (W + p in span form: an
+    ``N x N`` matrix per run) gives ``finite = (previous, this)`` and ``final`` a fourth value:
+    whether the update of the step before each forward pass was finite, recorded at that step.
     ``record_fn(now, f, s, a) -> dict of scalars``; ``view(now) -> (f, s, a)`` (optional) lets
     the recorder defer the metrics to after the loop (:class:`Recorder`).
     ``seen(new) -> (n,)`` (minibatch steps, whose ``f`` covers one batch): each sample's margin
@@ -186,7 +189,7 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     Returns ``(now, (f, s, a), LoopState)`` at the last step.
     """
     n = batch.y.shape[0]
-    now0, fwd0, _ = jax.eval_shape(final, state)
+    now0, fwd0, *_ = jax.eval_shape(final, state)
     rec, buf = Recorder.make(steps, record_at, record_fn, view).empty(dtype, now0, *fwd0)
     ls = LoopState(jnp.full(n, -1, jnp.int32), jnp.asarray(-1, jnp.int32), jnp.zeros(n, dtype),
                    jnp.asarray(-1, jnp.int32), buf, jnp.asarray(jnp.nan, dtype))
@@ -195,6 +198,9 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     def body(carry, t):
         state, ls = carry
         now, new, (f, s, a), finite = step(state)
+        if isinstance(finite, tuple):  # (the previous step's update, this step)
+            ls = ls.check(t - 1, finite[0])
+            finite = finite[1]
         margin = margin_fn(f, batch.y) if seen is None else seen(new)
         ls = ls.observe(t, margin, s, relevant)
         if mid_margin is None:
@@ -209,8 +215,10 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     if steps:
         (state, ls), _ = jax.lax.scan(body, (state, ls), jnp.arange(steps, dtype=jnp.int32),
                                       unroll=max(1, min(unroll, steps)))
-    now, (f, s, a), loss = final(state)
+    now, (f, s, a), loss, *previous = final(state)
     t = jnp.asarray(steps, jnp.int32)
+    if previous:
+        ls = ls.check(t - 1, previous[0])
     ls = ls.observe(t, margin_fn(f, batch.y), s, None)
     ls = ls._replace(buf=rec.write(ls.buf, t, now, f, s, a))
     ls = ls.check(t, jnp.isfinite(loss))

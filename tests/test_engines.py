@@ -23,12 +23,13 @@ from phasebo.data import (
     sakamoto_sample,
     token_roles,
 )
-from phasebo.engines.span import SpanProblem, flat_gram, span_system
+from phasebo.engines.span import SpanProblem, SpanWProblem, flat_gram, span_system, span_w_system
 from phasebo.engines.wishart import bartlett_factor, factor_width
 from phasebo.models.prompt_attention import sakamoto_head
 from phasebo.registry import MODELS, resolve_engine
 from phasebo.settings import ConfigError
 from phasebo.sweep import prepare_one, run_one, run_sweep
+from phasebo.train import run_loop
 
 
 def _compare_outputs(a, b, rtol, atol):
@@ -95,6 +96,50 @@ def test_gram_w_and_p_engine_equals_direct(x64):
     assert resolve_engine(MODELS["prompt_attention"],
                           MODELS["prompt_attention"].static_of(
                               {**s, "train": ("p", "W"), "engine": "auto"})).name == "gram"
+
+
+def test_gram_w_and_p_engine_diverges_at_the_direct_engines_step(x64):
+    """A W + p run whose update overflows diverges at the same step on both engines."""
+    s = dict(d=120, signal_norm=1000.0, dtype="float64", steps=6, lr=1e307, n_test=50,
+             train=["p", "W"])
+    direct = run_one(s, engine="direct", seed=1)
+    gram = run_one(s, engine="gram", seed=1)
+    assert int(direct.final["diverge_step"]) == int(gram.final["diverge_step"]) == 1
+    assert int(gram.final["status"]) == int(direct.final["status"]) == 1
+
+
+def test_w_and_p_span_state_is_checked_by_the_next_forward_pass(x64):
+    """The W + p span system reads Gamma's finiteness from Gamma u (not a pass over Gamma), and
+    run_loop records a non-finite update at the step that made it: at step 2 inside the loop, at
+    the last step through ``final``."""
+    n, T = 3, 4
+    N = n * T
+    B = jr.normal(jr.PRNGKey(0), (N, 7), jnp.float64)
+    y = jnp.asarray([1.0, -1.0, 1.0])
+    prob = SpanWProblem(None, None, B @ B.T, B @ B.T, jnp.ones((n, T)), None)
+    state0, step, final, _ = span_w_system(prob, y, 0.1)
+    alpha = jnp.linspace(-1.0, 1.0, N)
+    for bad, ok in ((jnp.inf, False), (jnp.nan, False), (1.0, True)):
+        state = (alpha, jnp.zeros((N, N)).at[3, 5].set(bad), jnp.ones(()))
+        assert bool(step(state)[3][0]) is ok and bool(final(state)[3]) is ok
+
+    def toy(steps_bad):  # the update of step `steps_bad` is non-finite, seen one step later
+        def tstep(state):
+            k, x = state
+            return state, (k + 1, jnp.where(k == steps_bad, jnp.inf, x)), fwd, \
+                (jnp.isfinite(x), jnp.asarray(True))
+
+        def tfinal(state):
+            return state, fwd, jnp.asarray(0.5), jnp.isfinite(state[1])
+
+        batch = data.Batch(None, None, y, y, jnp.zeros(n, bool))
+        fwd = (jnp.ones(n), jnp.ones((n, T)) / T, jnp.zeros((n, T)))
+        _, _, ls = run_loop((jnp.asarray(0), jnp.asarray(1.0)), tstep, tfinal, 5, (), None,
+                            margin_fn=lambda f, y_: f * y_, batch=batch, relevant=None,
+                            dtype=jnp.float64)
+        return int(ls.diverge)
+
+    assert toy(2) == 2 and toy(4) == 4 and toy(9) == -1
 
 
 @pytest.mark.parametrize("rule", ["weight_decay", pytest.param("project", marks=pytest.mark.slow)])

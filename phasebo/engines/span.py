@@ -314,13 +314,18 @@ def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
     def forward(state):
         alpha, Gamma, g = state
         u = gram_dot(alpha, G)
-        a = (g * u + gram_dot(Gamma @ u, K)).reshape(n, T)
+        v = Gamma @ u
+        a = (g * u + gram_dot(v, K)).reshape(n, T)
         s, f = _softmax_out(a, h0)
-        return a, s, f
+        # Gamma is finite iff Gamma u is, for a finite u: a non-finite entry of row i makes
+        # (Gamma u)_i inf or NaN whatever u_j (inf * 0 is NaN). Reading Gamma for it again
+        # (an N x N pass per run and step) cost W + p a third of its time.
+        gamma_ok = jnp.all(jnp.isfinite(v)) | ~jnp.all(jnp.isfinite(u))
+        return a, s, f, gamma_ok
 
     def step(state):
         alpha, Gamma, g = state
-        a, s, f = forward(state)
+        a, s, f, gamma_ok = forward(state)
         _, c = _grad_logits(y, h0, s, f, n)
         c = c.reshape(-1)
         Kc = gram_dot(c, K)
@@ -332,16 +337,17 @@ def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
             new_alpha = alpha - lr * (g * c + Gamma.T @ Kc)
             new_Gamma = Gamma - lr * jnp.outer(c, alpha)
             new_g = g
-        finite = (jnp.all(jnp.isfinite(f)) & jnp.all(jnp.isfinite(new_alpha))
-                  & jnp.all(jnp.isfinite(new_Gamma)))
-        return state, (new_alpha, new_Gamma, new_g), (f, s, a), finite
+        # new_Gamma is checked by the next forward pass (gamma_ok there), for the step that made
+        # it (phasebo.train.run_loop): a run diverges at the same step as if it were read here
+        finite = jnp.all(jnp.isfinite(f)) & jnp.all(jnp.isfinite(new_alpha))
+        return state, (new_alpha, new_Gamma, new_g), (f, s, a), (gamma_ok, finite)
 
     def final(state):
-        a, s, f = forward(state)
-        return state, (f, s, a), jnp.mean(jax.nn.softplus(-y * f))
+        a, s, f, gamma_ok = forward(state)
+        return state, (f, s, a), jnp.mean(jax.nn.softplus(-y * f)), gamma_ok
 
     def view(state):
-        a, s, f = forward(state)
+        a, s, f, _ = forward(state)
         return f, s, a
 
     state0 = (jnp.zeros(N, dtype), jnp.zeros((N, N), dtype), jnp.ones((), dtype))
