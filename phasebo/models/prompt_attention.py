@@ -76,6 +76,12 @@ def uniform_W(key: jax.Array, d: int, dtype) -> jax.Array:
     return jr.uniform(key, (d, d), dtype, -bound, bound)
 
 
+def head_scores(batch, nu: jax.Array) -> jax.Array:
+    """``X nu: (n, T)`` without forming ``X = noise + signal on (e1, e2)`` (inside a noise group
+    the signal, hence ``X``, is each run's own; the noise is shared)."""
+    return batch.noise @ nu + batch.signal @ nu[:2]
+
+
 def init_prompt_attention(key, d: int, signal_norm, *, W_mode: str, init: str, init_scale,
                           dtype) -> PromptAttention:
     """``p`` at zero (or ``N(0, init_scale^2)``), ``W`` identity (``None``) or uniform."""
@@ -246,7 +252,7 @@ class PromptAttentionModel(Model):
 
         p0_12 = p0[:2] if W is None else W12 @ p0
         a0 = (EW @ p0 + S12 @ p0_12).reshape(n, T)
-        h0 = batch.noise @ nu + batch.signal @ nu[:2]  # X nu, X = noise + signal on (e1, e2)
+        h0 = head_scores(batch, nu)
         zero = jnp.zeros((), dtype)
         return SpanProblem(batch, test, signal_gram(EW, S0, sw["signal_norm"], W12), a0,
                            h0, None, jnp.sum(p0**2), zero, params)
@@ -282,8 +288,7 @@ class PromptAttentionModel(Model):
 
         K = signal_gram(Ef, S0, sw["signal_norm"])
         G = K if W0 is None else signal_gram(EW, S0, sw["signal_norm"], W12)
-        h0 = batch.noise @ nu + batch.signal @ nu[:2]  # X nu
-        return SpanWProblem(batch, test, K, G, h0, params)
+        return SpanWProblem(batch, test, K, G, head_scores(batch, nu), params)
 
     def span_bytes(self, static, reduced):
         N = static.n * static.T
