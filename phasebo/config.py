@@ -273,6 +273,9 @@ def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> di
             raise ConfigError(
                 f"{where}{k} = {own[k]!r} has no effect unless {req[0]} = {_toml(req[1])} (it is "
                 f"{_toml(own.get(req[0]))}); fix: set {req[0]} = {_toml(req[1])}, or remove {k}")
+    if own.get("dynamics") == "limit" and "lr" in given:
+        raise ConfigError(f"{where}lr = {own['lr']!r} has no effect: dynamics = \"limit\" has no "
+                          "step size (L-BFGS finds the minimiser directly); fix: remove lr")
     model.check(own)
     resolve_engine(model, model.static_of(own))
     return own

@@ -75,7 +75,8 @@ class Group:
     @property
     def label(self) -> str:
         p = self.program
-        horizon = "flow_time" if getattr(p, "dynamics", "gd") == "flow" else "steps"
+        kind = getattr(p, "dynamics", "gd")
+        horizon = {"flow": "flow_time", "limit": "dynamics"}.get(kind, "steps")
         shape = ", ".join(f"{k}={getattr(p, k)}" for k in ("n", "T", horizon) if hasattr(p, k))
         if self.engine.name != "reduced" and hasattr(p, "d"):
             shape = f"d={p.d}, " + shape

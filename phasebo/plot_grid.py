@@ -120,6 +120,10 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         v = one(c)
         if c == "dynamics" and v == "flow":
             parts.append("gradient flow")
+        if c == "dynamics" and v == "limit":
+            parts.append("converged limit")
+        if c in ("lr", "steps") and one("dynamics") == "limit":
+            continue  # a limit has no step size and no steps
         if v is None or isinstance(v, str) or (isinstance(v, float) and not np.isfinite(v)):
             continue
         parts.append(f"{_num(v)} steps" if c == "steps" else f"τ {_num(v)}" if c == "flow_time"

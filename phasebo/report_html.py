@@ -246,7 +246,9 @@ def report_data(results_dir) -> dict:
         for s_ in steps:
             frames.append({"label": f"step {int(s_)}", "step": int(s_),
                            **_frame(agg[agg["step"] == s_], keys, index, dm)})
-    last = f"step {horizon} (horizon)" if horizon is not None else "horizon"
+    limit = "dynamics" in runs.columns and (runs["dynamics"].astype(str) == "limit").all()
+    last = "the converged limit" if limit else \
+        f"step {horizon} (horizon)" if horizon is not None else "horizon"
     frames.append({"label": last, "step": horizon, **_frame(final, keys, index, metrics)})
     xs = _values(runs[x]) if x else []
     ys = _values(runs[y]) if y else []

@@ -174,14 +174,17 @@ def rows(spec, g, cols: list, out) -> tuple:
     n = len(res)
     res["engine_setting"] = res["engine"]
     res["engine"] = g.engine.name
-    flow = getattr(g.program, "dynamics", "gd") == "flow"
+    kind = getattr(g.program, "dynamics", "gd")
+    flow = kind == "flow"
     if flow:  # a flow's horizon in GD-equivalent steps of its lr (phasebo.flow)
         res["steps"] = np.round(res["flow_time"].to_numpy(float)
                                 / res["lr"].to_numpy(float)).astype(np.int64)
-    else:  # a GD run has no flow settings: empty, not their defaults
-        for k, st in model.settings.items():
-            if st.requires == ("dynamics", "flow"):
-                res[k] = np.nan
+    elif kind == "limit":  # no time axis: no step; its time is infinite (phasebo.limit)
+        res["steps"] = np.zeros(len(res), np.int64)
+    for k, st in model.settings.items():  # a run has no other dynamics' settings: empty
+        if st.requires in (("dynamics", "flow"), ("dynamics", "limit")) \
+                and st.requires[1] != kind:
+            res[k] = np.nan
     final = {k: np.asarray(v)[:n] for k, v in out.final.items()}
     metrics = pd.DataFrame(final)
     labels = {int(s): s.label for s in Status}
@@ -194,8 +197,8 @@ def rows(spec, g, cols: list, out) -> tuple:
     res = pd.concat([res, metrics], axis=1)
     res = derived_columns(res)
     if "lr" in res.columns and "steps" in res.columns:  # the horizon in flow time
-        res["time"] = res["flow_time"].astype(float) if flow else \
-            res["lr"].astype(float) * res["steps"].astype(float)
+        res["time"] = res["flow_time"].astype(float) if flow else np.inf \
+            if kind == "limit" else res["lr"].astype(float) * res["steps"].astype(float)
     dyn = None
     rec = model.recorded_steps(g.program)
     if (rec or flow) and out.dynamics:

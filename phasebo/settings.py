@@ -248,8 +248,10 @@ FLOW = (
     S("dynamics", "gd", str, "static", "gd: full-batch gradient descent for `steps` steps of `lr`; "
       "flow: the gradient flow theta' = -grad L - weight_decay theta to flow time `flow_time`, "
       "integrated by diffrax "
-      "(Tsit5, adaptive steps); its step axis counts GD-equivalent steps of `lr` (time / lr)",
-      choices=("gd", "flow"), silent_default=True),
+      "(Tsit5, adaptive steps); its step axis counts GD-equivalent steps of `lr` (time / lr); "
+      "limit: where the flow converges with weight_decay > 0, the minimiser of "
+      "L + (weight_decay/2)||theta||^2, found directly by L-BFGS (no time axis)",
+      choices=("gd", "flow", "limit"), silent_default=True),
     S("flow_time", 500.0, float, "static", "the flow's horizon tau (flow time; GD's equivalent "
       "is lr x steps)", positive, requires=("dynamics", "flow"), silent_default=True),
     S("flow_rtol", 1e-5, float, "static", "relative tolerance of the flow's adaptive step-size "
@@ -261,6 +263,12 @@ FLOW = (
     S("flow_converge_tol", 1e-3, float, "static", "converged: over the last decade of flow time "
       "the same labels fitted, test accuracy within 0.005, and the directions of the logits and "
       "outputs turned by a cosine distance <= this", positive, requires=("dynamics", "flow"),
+      silent_default=True),
+    S("limit_tol", 1e-6, float, "static", "the limit is reached (converged) when the gradient "
+      "norm of L + (weight_decay/2)||theta||^2 is at most this", positive,
+      requires=("dynamics", "limit"), silent_default=True),
+    S("limit_max_iters", 5000, int, "static", "L-BFGS iterations the limit may take before it "
+      "stops (status unsolved)", at_least(1), requires=("dynamics", "limit"),
       silent_default=True),
 )
 

@@ -34,6 +34,8 @@ import optax
 from . import flow
 from .data import Batch
 from .flow import is_flow
+from .limit import book as limit_book
+from .limit import is_limit, minimise, no_steps
 from .metrics import (
     GROUPS,
     all_finite,
@@ -272,6 +274,8 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
     if flowed is not None:
         for k in ("solver_steps", "converged", "converged_step", "converged_time"):
             final[k] = flowed[k]
+        if "grad_norm" in flowed:  # the converged limit (phasebo.limit)
+            final["limit_grad_norm"] = flowed["grad_norm"]
         final["status"] = jnp.where(flowed["solved"], int(Status.OK),
                                     int(Status.UNSOLVED)).astype(jnp.int32)
     return final
@@ -346,7 +350,8 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
         return evaluate(model, static, sw, combine(p), f, s, a, batch, test, roles)
 
     steps = getattr(static, "steps", 0) if model.trains else 0
-    opt = model.optimizer(static, sw) if model.trains and not is_flow(static) else None
+    opt = model.optimizer(static, sw) if model.trains and not (is_flow(static) or is_limit(static)) \
+        else None
     state = (params, opt.init(params) if opt is not None else None)
 
     def step(state):
@@ -378,6 +383,22 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
         return model.margin_loss(f_, y_)[0]
 
     flowed = None
+    if is_limit(static):  # the minimiser of the weight-decayed loss (phasebo.limit)
+        wd = sw["weight_decay"]
+
+        def objective(p_):
+            return forward(p_)[0] + wd / 2 * sum(jnp.sum(v**2) for v in jax.tree.leaves(p_))
+
+        p, k, gn = minimise(objective, params, tol=static.limit_tol,
+                            max_iters=static.limit_max_iters)
+        f, s, a = forward(p)[1]
+        flowed = limit_book(margin_fn(f, batch.y), k, gn, static.limit_tol, dtype)
+        ls = LoopState(**{k_: flowed[k_] for k_ in LoopState._fields})
+        final_metrics = no_steps(finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed),
+                                 dtype)
+        samples = model.samples(combine(p), f, s, a, batch, test, static, sw,
+                                jnp.full(batch.y.shape, -1, jnp.int32))
+        return RunOutput(final_metrics, {}, samples)
     if is_flow(static):
         wd = sw.get("weight_decay")
 

@@ -20,16 +20,30 @@ import abc
 import dataclasses
 from typing import ClassVar
 
+import jax.numpy as jnp
+
 from ..data import reduced_d
 from ..flow import is_flow
+from ..limit import book as limit_book
+from ..limit import is_limit, no_steps
 from ..metrics import relevant_mass
-from ..train import RunOutput, dtype_of, evaluate, finish, flow_loop, recorder_fn, run_loop
+from ..train import (
+    LoopState,
+    RunOutput,
+    dtype_of,
+    evaluate,
+    finish,
+    flow_loop,
+    recorder_fn,
+    run_loop,
+)
 from ..train import run as direct_run
 from .span import (
     UNROLL,
     SpanWProblem,
     dense,
     span_field,
+    span_limit,
     span_system,
     span_w_field,
     span_w_system,
@@ -130,6 +144,17 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
     def margin_fn(f_, y_):
         return y_ * f_
 
+    if is_limit(static):  # the minimiser of the weight-decayed loss (phasebo.limit)
+        tol = static.limit_tol
+        now, (f, s, a), k, gn = span_limit(dense(prob), batch.y, wd, tol=tol,
+                                           max_iters=static.limit_max_iters)
+        flowed = limit_book(margin_fn(f, batch.y), k, gn, tol, dtype)
+        ls = LoopState(**{k_: flowed[k_] for k_ in LoopState._fields})
+        final_metrics = no_steps(finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed),
+                                 dtype)
+        samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw,
+                                jnp.full(batch.y.shape, -1, jnp.int32))
+        return RunOutput(final_metrics, {}, samples)
     if is_flow(static):  # the gradient flow of the same coefficients (phasebo.flow)
         w = isinstance(prob, SpanWProblem)
         state0, field, view = (span_w_field if w else span_field)(prob, batch.y, wd)
@@ -162,6 +187,16 @@ class SpanEngine(Engine):
     steps_shared_noise = True
 
     def supports(self, model, static):
+        if is_limit(static):
+            if not model.span_factor:
+                return ("the converged limit in span coordinates needs a factor of the Gram, "
+                        f"which model {model.name!r} does not give; use engine = \"direct\"")
+            if "W" in getattr(static, "train", ()):
+                return ("the converged limit in span coordinates covers p (and v), not a "
+                        "trained W; use engine = \"direct\"")
+            if getattr(static, "init", "zero") != "zero":
+                return ("the converged limit in span coordinates starts from zero (init = "
+                        "\"zero\"); use engine = \"direct\" for another initialisation")
         return model.plain_rule(static) or model.span_supports(static, reduced=self.reduced)
 
     def run(self, model, static, sw, key, grouped=False):

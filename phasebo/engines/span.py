@@ -156,6 +156,9 @@ class SpanProblem(NamedTuple):
     p0_sq: jax.Array  # ||p_0||^2 (the projection needs it)
     v0_sq: jax.Array  # ||v_0||^2
     params: Callable
+    # () -> F: (N, D) with K = F F^T (the tokens as the query sees them), for the converged
+    # limit (span_limit); None where the model does not give one
+    factor: Callable | None = None
 
 
 class SpanWProblem(NamedTuple):
@@ -373,3 +376,48 @@ def span_w_field(prob: SpanWProblem, y, weight_decay=None):
         return d, (f, s, a)
 
     return state0, field, view
+
+
+def span_limit(prob: SpanProblem, y, weight_decay, *, tol: float, max_iters: int):
+    """``(coef, (f, s, a), iterations, grad norm)``: the minimiser of the weight-decayed loss in
+    span coordinates (:mod:`phasebo.limit`), for a run trained from zero (``p_0 = v_0 = 0``) whose
+    head, if trained, sees the same Gram. With a factor ``F`` of the Gram (``K = F F^T``, the
+    tokens themselves: ``prob.factor``), ``u = F^T alpha`` is the parameter itself
+    (``||p|| = ||u||``, ``a = F u``), so L-BFGS on ``u`` takes the same iterates as the direct
+    engine on ``p``; ``alpha`` then solves ``K alpha = F u`` (conjugate gradients: a batched
+    LAPACK call deadlocks XLA's CPU thread pool when two devices run it at once)."""
+    from jax.scipy.sparse.linalg import cg
+
+    from ..limit import minimise
+
+    F = prob.factor()
+    K = gram_full(prob.K)
+    h0 = prob.h0
+    n, T = h0.shape
+    head = prob.K_head is not None
+    if head and prob.K_head is not prob.K:
+        raise NotImplementedError("span_limit: a head with a Gram of its own")
+
+    def forward(x):
+        u, w = x
+        a = (F @ u).reshape(n, T)
+        h = h0 + (F @ w).reshape(n, T) if head else h0
+        s, f = _softmax_out(a, h)
+        return f, s, a
+
+    def J(x):
+        f = forward(x)[0]
+        return (jnp.mean(jax.nn.softplus(-y * f))
+                + weight_decay / 2 * sum(jnp.sum(v**2) for v in jax.tree.leaves(x)))
+
+    zero = jnp.zeros(F.shape[1], h0.dtype)
+    x, k, g = minimise(J, (zero, zero if head else None), tol=tol, max_iters=max_iters)
+    u, w = x
+
+    def coefficients(v):  # alpha with F^T alpha = v, v in the row space of F^T
+        return cg(lambda z: K @ z, F @ v, tol=1e-13, maxiter=10 * K.shape[0])[0].reshape(n, T)
+
+    one = jnp.ones((), h0.dtype)
+    coef = SpanCoef(coefficients(u), coefficients(w) if head else None, one,
+                    one if head else None)
+    return coef, forward(x), k, g

@@ -36,6 +36,7 @@ import numpy as np
 from .. import rules
 from ..data import Batch, Distribution, label_values
 from ..flow import STEP_MAX, STEP_MAX_F32, is_flow, record_times
+from ..limit import is_limit
 from ..metrics import binary_margin, logistic_loss
 from ..settings import CORE, LABELS, TRAINING, ConfigError, Setting, minibatched, record_steps
 
@@ -52,6 +53,9 @@ class Model(abc.ABC):
     defaults: ClassVar[dict[str, Any]] = {}
     engines: ClassVar[tuple[str, ...]] = ("direct",)
     track_logits: ClassVar[bool] = True  # record the tracked samples' logits too
+    # its span problem gives a factor of the Gram (SpanProblem.factor), so the gram and reduced
+    # engines can find the converged limit (phasebo.limit); elsewhere the direct engine does
+    span_factor: ClassVar[bool] = False
     radii: ClassVar[tuple[str, ...]] = ()  # the radius settings of the norm groups, in order
 
     def __init__(self):
@@ -95,14 +99,34 @@ class Model(abc.ABC):
             raise ConfigError(f"test_reference = \"clean\" judges runs against the noise-free "
                               f"runs of their sweep, but model {self.name!r} has no noise_ratio; "
                               "fix: test_reference = \"absolute\"")
-        if r.get("dynamics") == "flow":
+        if r.get("dynamics") in ("flow", "limit"):
             rule = [f"{k} = {r[k]!r}" for k, v in (("optimizer", "sgd"), ("clip_norm", 0.0),
-                                                   ("lr_schedule", "constant"))
+                                                   ("lr_schedule", "constant"),
+                                                   ("batch_size", 0))
                     if r.get(k, v) != v]
             if rule:
                 raise ConfigError(f"{rule[0]} has no gradient flow (the flow is the limit of plain "
                                   f"full-batch GD); fix: dynamics = \"gd\", or leave it at its "
                                   "default")
+        if r.get("dynamics") == "limit":
+            if not r.get("weight_decay", 0.0) > 0:
+                raise ConfigError(f"dynamics = \"limit\" minimises L + (weight_decay/2)||theta||^2, "
+                                  f"which has a minimiser only for weight_decay > 0 (it is "
+                                  f"{r.get('weight_decay', 0.0)!r}); fix: weight_decay > 0 (e.g. "
+                                  "0.01), or dynamics = \"flow\"")
+            if r.get("dtype", "float32") != "float64":
+                raise ConfigError(f"dynamics = \"limit\" with dtype = {r.get('dtype', 'float32')!r}: "
+                                  "the weight-decayed loss is too flat near its minimiser for "
+                                  "float32 (measured: L-BFGS stopped 30 % away in norm); fix: "
+                                  "dtype = \"float64\"")
+            if r.get("project"):
+                raise ConfigError("project = true (norm-constrained GD) has no converged limit in "
+                                  "phasebo; fix: dynamics = \"gd\", or project = false")
+            if r.get("record_log"):
+                raise ConfigError(f"record_log = {r['record_log']} has no effect: the converged "
+                                  "limit has no time axis; fix: remove it, or dynamics = "
+                                  "\"flow\" (records over flow time)")
+        if r.get("dynamics") == "flow":
             if r.get("project"):
                 raise ConfigError("project = true (norm-constrained GD) has no gradient flow in "
                                   "phasebo; fix: dynamics = \"gd\", or project = false (weight "
@@ -216,6 +240,8 @@ class Model(abc.ABC):
         4x a GD step's time per evaluation (the solver's own work, measured on 2 cores)."""
         if is_flow(static):
             return int(4 * 180 * (1 + math.log10(1 + static.flow_time)))
+        if is_limit(static):  # ~100 L-BFGS iterations of ~3 gradients (measured: 34 - 94)
+            return 300
         return getattr(static, "steps", 0)
 
     def item(self, static) -> int:
@@ -225,7 +251,7 @@ class Model(abc.ABC):
         """The steps at which a run records its dynamics (none for a model that does not
         train): ``record_every`` and ``record_log`` over ``steps``
         (:func:`phasebo.settings.record_steps`)."""
-        if not self.trains or is_flow(static):
+        if not self.trains or is_flow(static) or is_limit(static):
             return ()
         return tuple(record_steps(static.steps, static.record_every, static.record_log))
 

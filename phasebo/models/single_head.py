@@ -49,6 +49,7 @@ class SingleHead(eqx.Module):
 
 class SingleHeadModel(MagenDataModel):
     name = "single_head"
+    span_factor = True
     doc = "f = v^T X^T S(X p), p and v trained (Magen et al.)"
     engines = ("direct", "gram", "reduced")
     own_settings = (*MagenDataModel.own_settings, *TEST_MODE)
@@ -123,7 +124,7 @@ class SingleHeadModel(MagenDataModel):
                               v=coef.gv * v0 + Xf.T @ coef.beta.reshape(-1))
 
         return SpanProblem(batch, test, K, X @ p0, X @ v0, K, jnp.sum(p0**2), jnp.sum(v0**2),
-                           params)
+                           params, lambda: Xf)
 
     def span_bytes(self, static, reduced):
         N = static.n * static.T
