@@ -21,8 +21,8 @@ Magen et al.'s converged map (single-head attention, ``lambda = 0.01``, p and v 
 converged by its own criterion): p-norm to 4 digits, ``J`` to 6; the map takes 15 - 101
 iterations where the flow took 600 - 14,000 Tsit5 steps (a test compares the two). Off the
 map it can part: at n 20, d 900, ||mu|| 12, lambda 0.05 the flow ends at ``J = 0.0191`` (test
-accuracy 1.00) and L-BFGS at another stationary point, ``J = 0.0207`` (0.68). Float64 only: the loss is so flat near the
-minimiser that in float32 L-BFGS stopped 30 % away in norm.
+accuracy 1.00) and L-BFGS at another stationary point, ``J = 0.0207`` (0.68). Float64 only:
+the loss is so flat near the minimiser that in float32 L-BFGS stopped 30 % away in norm.
 
 **In span coordinates** (gram and reduced engines; p, and a head v seeing the same Gram, trained
 from zero): every gradient lies in the span of the tokens, so does the limit, ``p = B^T alpha``

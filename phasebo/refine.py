@@ -43,7 +43,8 @@ import pandas as pd
 
 from . import config as C
 from .boundaries import boundaries, summary
-from .settings import ConfigError
+from .regimes import REGIME_ORDER
+from .settings import ConfigError, suggest
 
 REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
                "max_points": int, "seeds": int}
@@ -72,6 +73,10 @@ def parse_refine(spec: C.SweepSpec, block: dict, where: str = "") -> Refinement:
     if not (isinstance(between, list) and len(between) == 2 and between[0] != between[1]):
         raise ConfigError(f"{where}[refine] between = {between!r} must name two different regimes, "
                           "e.g. [\"benign\", \"harmful\"]")
+    for b in between:  # before any run, not after the first round
+        if b not in REGIME_ORDER:
+            raise ConfigError(f"{where}[refine] between = {between!r}: {b!r} is not a regime"
+                              f"{suggest(b, REGIME_ORDER)}; regimes: {', '.join(REGIME_ORDER)}")
     axes = [a for a, v in spec.axes.items() if len(v) > 1]
     x, y = block.get("x"), block.get("y")
     if x is None or y is None:

@@ -102,6 +102,12 @@ def clear_derived(out_dir: Path) -> None:
                 f.unlink()
 
 
+def holds_runs(out_dir: Path) -> bool:
+    """Whether ``out_dir`` has a finished run: a manifest alone (a sweep refused after it wrote
+    one, e.g. by its plot spec once its programs were traced) does not bind the directory."""
+    return any((Path(out_dir) / "parts").glob("results-*.parquet"))
+
+
 def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_index: int = 0,
                     wait_timeout: float = 600.0, provenance: dict | None = None) -> Path:
     """Create ``out_dir`` with its manifest. A directory holding another sweep's runs is refused
@@ -129,7 +135,7 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
         why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
         if why and runs_done(out_dir, spec):
             provenance["subset"] = True  # every run of this sweep is there: tables of those
-        elif why:
+        elif why and holds_runs(out_dir):
             raise ConfigError(f"{out_dir} holds runs of another sweep: {why}; fix: choose another "
                               "--out, or pass --overwrite to discard them")
     if overwrite:

@@ -149,6 +149,9 @@ def test_refine_block_is_validated():
         parse_refine(spec, {"x": "n"})
     with pytest.raises(ConfigError, match="between"):
         parse_refine(spec, {"between": ["benign"]})
+    # a misspelt regime is refused here, before any run (not after the first round)
+    with pytest.raises(ConfigError, match="'not_overfiting' is not a regime .*did you mean"):
+        parse_refine(spec, {"between": "not_overfiting,benign"})
 
 
 def test_refinement_adds_points_between_disagreeing_neighbours_and_resumes(tmp_path):

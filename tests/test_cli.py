@@ -392,3 +392,18 @@ def test_a_sweep_gives_the_same_numbers_with_and_without_the_xla_cpu_tuning(tiny
     for c in ("train_loss", "test_loss", "test_acc", "p_norm", "margin"):
         np.testing.assert_allclose(b[c].to_numpy(), a[c].to_numpy(), rtol=1e-4, atol=1e-5,
                                    err_msg=c)
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_bad_refinement_is_refused_before_anything_runs(tiny_file, tmp_path, capsys, dry):
+    """A misspelt regime in --refine (or a [refine] block) is a one-line error, exit 2, with
+    and without --dry-run, and nothing is written (it was a traceback after the first round)."""
+    from phasebo.cli import main
+
+    out = tmp_path / "r"
+    args = ["sweep", str(tiny_file), "--out", str(out), "--refine", "not_overfiting,benign"]
+    assert main(args + (["--dry-run"] if dry else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'not_overfiting' is not a regime" in err and "did you mean" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()

@@ -134,3 +134,20 @@ def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path):
     assert m["spec"]["seeds"] == 3  # the directory's runs, for the next sweep's check
     again = run_sweep(tiny(seeds=3, mus=(3.0, 10.0, 30.0)), out, quiet=True, plots=False)
     assert len(again) == 9 and "tables_spec" not in read_manifest(out)
+
+
+def test_a_sweep_refused_after_its_manifest_does_not_bind_the_directory(tmp_path, capsys):
+    """A plot spec naming a column no run has is refused once the programs are traced, after the
+    manifest is written; the corrected sweep (here also with other axis values) takes the
+    directory, which holds no run."""
+    f = tmp_path / "tiny.toml"
+    body = ('name = "tiny"\nseeds = 1\n[settings]\nengine = "reduced"\nd = 40\nsteps = 4\n'
+            'n_test = 20\n[axes]\nsignal_norm = [3.0, 30.0]\n')
+    f.write_text(body + '[plot]\nheatmaps = [{ x = "signal_norm", y = "seed", value = "tets_acc" }]\n')
+    out = tmp_path / "o"
+    assert main([str(f), "--out", str(out), "--quiet"]) == 2
+    assert "tets_acc" in capsys.readouterr().err
+    f.write_text(body.replace("[3.0, 30.0]", "[5.0, 30.0]"))
+    assert main([str(f), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots"]) == 0
+    assert "2 of 2 runs done" in capsys.readouterr().out

@@ -19,7 +19,7 @@ from ..config import SweepSpec
 from ..execute import Abandoned, traced_columns
 from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
-from ..store import check_out_dir, compatible, count_done, read_manifest
+from ..store import check_out_dir, compatible, count_done, holds_runs, read_manifest
 from ..sweep import run_sweep
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
@@ -178,7 +178,7 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
         print(f"  all {spec.n_runs} runs done: a subset of the {old.get('n_runs')} runs there "
               "(its tables and figures will be of these runs)")
         return
-    if why:
+    if why and holds_runs(out):
         raise ConfigError(f"{out} holds runs of another sweep: {why}; fix: choose another --out, "
                           "or pass --overwrite to discard them")
     print(f"  {done} of {spec.n_runs} runs done, {spec.n_runs - done} to run")
@@ -219,15 +219,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             if args.set and not args.out:
                 out = out / override_slug(C.parse_set(args.set), spec)
             check_out_dir(out)
-            if args.dry_run:
-                pl = plan(spec, n_devices=args.devices, memory_budget=budget,
-                          chunk_size=args.chunk_size, block_size=args.block_size)
-                if not args.no_plots:
-                    from ..report import check_plot_spec
-
-                    check_plot_spec(spec, columns=traced_columns(pl))
-                dry_run(spec, pl, out)
-                continue
             block = dict(spec.refine)
             if args.refine:
                 block["between"] = args.refine
@@ -238,10 +229,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     "between") and not spec.refine:
                 raise ConfigError("--rounds/--target refine a boundary; fix: add --refine A,B "
                                   "(e.g. --refine benign,harmful) or a [refine] block")
-            if block:
+            if block:  # checked before anything runs, and by the dry run as by the run
                 from ..refine import parse_refine, refine_sweep
 
                 r = parse_refine(spec, block, where=f"{spec.name}: ")
+            if args.dry_run:
+                pl = plan(spec, n_devices=args.devices, memory_budget=budget,
+                          chunk_size=args.chunk_size, block_size=args.block_size)
+                if not args.no_plots:
+                    from ..report import check_plot_spec
+
+                    check_plot_spec(spec, columns=traced_columns(pl))
+                dry_run(spec, pl, out)
+                continue
+            if block:
                 refine_sweep(spec, r, out, run_sweep=run_sweep, chunk_size=args.chunk_size,
                              block_size=args.block_size, memory_budget=budget,
                              n_devices=args.devices, overwrite=args.overwrite,
