@@ -73,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the figures")
     p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf,svg")
     p.add_argument("--dpi", type=int, default=150, help="resolution of raster figures")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar, notes or summary line (errors still print)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the planner decides")
     p.add_argument("--dry-run", action="store_true",
                    help="validate and print the plan (groups, engines, memory, time, disk) only")
