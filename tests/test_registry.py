@@ -200,9 +200,20 @@ PERTURB = {
     "query_lambda": ({}, 0.5),
     # a flow that never runs out of solver steps is the same flow: 2 against 3 steps differ
     "flow_max_steps": ({"flow_max_steps": 2}, 3), "flow_time": ({}, 0.5),
+    # the converged limit needs weight decay and float64; 2 against 3 iterations differ
+    "limit_tol": (dict(weight_decay=0.1, dtype="float64", limit_tol=1e-3), 1e-9),
+    "limit_max_iters": (dict(weight_decay=0.1, dtype="float64", limit_max_iters=2), 3),
 }
-# settings that only gradient descent has (refused with dynamics = "flow")
+# settings that only gradient descent has (refused with dynamics = "flow" or "limit"), and the
+# step size, which the limit has not either
 GD_ONLY = ("steps", "record_every")
+
+
+def _dynamics_only(x: dict) -> dict:
+    """``x`` without the settings its dynamics does not have (which would be refused)."""
+    kind = x.get("dynamics", "gd")
+    drop = () if kind == "gd" else GD_ONLY + (("lr",) if kind == "limit" else ())
+    return {k: v for k, v in x.items() if k not in drop}
 # additions to the perturbed side only: the settings a perturbation needs to show, which the
 # base may not carry (radius_p without project = true is refused as having no effect)
 PERTURB_WITH = {"project": {"radius_p": 1e-3, "radius_v": 1e-3}}
@@ -293,8 +304,7 @@ def _walk(model_name, kinds, observe=_run, skip=frozenset()):
         with_ = {k: v for k, v in PERTURB_WITH.get(name, {}).items() if k in model.settings}
         side = {k: v for k, v in {**b, name: new, **with_}.items()
                 if k not in PERTURB_WITHOUT.get(name, ())}
-        b, side = ({k: v for k, v in x.items() if x.get("dynamics") != "flow" or k not in GD_ONLY}
-                   for x in (b, side))
+        b, side = _dynamics_only(b), _dynamics_only(side)
         c = look(side, s.kind)
         assert _differs(look(b, s.kind), c), f"{model_name}: {name} = {new!r} changed nothing"
         checked.append(name)
