@@ -234,8 +234,9 @@ KEY = jr.PRNGKey(0)
 
 
 def _flat(out):
+    # a run that records nothing may hand back no dynamics (None) or an empty dict
     return {f"{part}/{k}": np.asarray(v) for part in ("final", "dynamics", "samples")
-            for k, v in getattr(out, part).items()}
+            for k, v in (getattr(out, part) or {}).items()}
 
 
 def _run(settings, own_key=False):
