@@ -25,13 +25,11 @@ accuracy 1.00) and L-BFGS at another stationary point, ``J = 0.0207`` (0.68). Fl
 the loss is so flat near the minimiser that in float32 L-BFGS stopped 30 % away in norm.
 
 **In span coordinates** (gram and reduced engines; p, and a head v seeing the same Gram, trained
-from zero): every gradient lies in the span of the tokens, so does the limit, ``p = B^T alpha``
-with ``||p||^2 = alpha^T K alpha``. With ``u = K^{1/2} alpha`` the map ``u -> p`` is an isometry
-onto that span, so ``J(u) = L(a = K^{1/2} u) + (lambda/2)||u||^2`` is the same problem in
-orthonormal coordinates, and L-BFGS, which is invariant under orthogonal changes of variables,
-takes the same iterates as on ``theta`` (the direct engine) up to rounding. ``K^{1/2}`` comes from
-one eigendecomposition per run (``O(N^3)``, ``N = n T``); ``alpha = K^{-1/2} u`` on the range of
-``K`` maps the limit back.
+from zero): every gradient lies in the span of the tokens, so does the limit, ``p = F^T alpha``
+with ``F`` the tokens as the query sees them (``K = F F^T``). L-BFGS runs on ``u = F^T alpha``,
+which is ``p`` itself in the engine's coordinates (``a = F u``, ``||p|| = ||u||``), so it takes the
+direct engine's iterates (tested: equal to 1e-15 on the gram engine); ``alpha`` then solves
+``K alpha = F u`` by conjugate gradients (:func:`phasebo.engines.span.span_limit`).
 """
 
 from __future__ import annotations

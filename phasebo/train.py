@@ -243,6 +243,15 @@ def flow_loop(state0, field: Callable, view: Callable, static, sw: dict, record_
     return now, fwd, ls, {k: v for k, v in book.items() if k not in LoopState._fields}
 
 
+def finish_limit(final: dict, margin, iterations, grad_norm, tol: float, batch: Batch, roles,
+                 dtype) -> dict:
+    """:func:`finish` for a converged limit (:mod:`phasebo.limit`): its bookkeeping has no time,
+    so no step columns."""
+    book = limit_book(margin, iterations, grad_norm, tol, dtype)
+    ls = LoopState(**{k: book[k] for k in LoopState._fields})
+    return no_steps(finish(final, ls, batch, roles, dtype, book), dtype)
+
+
 def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None) -> dict:
     """Add the step-wise bookkeeping to the final metrics (``flowed``: a flow's solver steps,
     convergence and whether it was solved, :func:`flow_loop`)."""
@@ -392,10 +401,8 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
         p, k, gn = minimise(objective, params, tol=static.limit_tol,
                             max_iters=static.limit_max_iters)
         f, s, a = forward(p)[1]
-        flowed = limit_book(margin_fn(f, batch.y), k, gn, static.limit_tol, dtype)
-        ls = LoopState(**{k_: flowed[k_] for k_ in LoopState._fields})
-        final_metrics = no_steps(finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed),
-                                 dtype)
+        final_metrics = finish_limit(metrics(p, f, s, a), margin_fn(f, batch.y), k, gn,
+                                     static.limit_tol, batch, roles, dtype)
         samples = model.samples(combine(p), f, s, a, batch, test, static, sw,
                                 jnp.full(batch.y.shape, -1, jnp.int32))
         return RunOutput(final_metrics, {}, samples)

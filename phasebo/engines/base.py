@@ -24,15 +24,14 @@ import jax.numpy as jnp
 
 from ..data import reduced_d
 from ..flow import is_flow
-from ..limit import book as limit_book
-from ..limit import is_limit, no_steps
+from ..limit import is_limit
 from ..metrics import relevant_mass
 from ..train import (
-    LoopState,
     RunOutput,
     dtype_of,
     evaluate,
     finish,
+    finish_limit,
     flow_loop,
     recorder_fn,
     run_loop,
@@ -148,10 +147,8 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
         tol = static.limit_tol
         now, (f, s, a), k, gn = span_limit(dense(prob), batch.y, wd, tol=tol,
                                            max_iters=static.limit_max_iters)
-        flowed = limit_book(margin_fn(f, batch.y), k, gn, tol, dtype)
-        ls = LoopState(**{k_: flowed[k_] for k_ in LoopState._fields})
-        final_metrics = no_steps(finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed),
-                                 dtype)
+        final_metrics = finish_limit(metrics(now, f, s, a), margin_fn(f, batch.y), k, gn, tol,
+                                     batch, roles, dtype)
         samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw,
                                 jnp.full(batch.y.shape, -1, jnp.int32))
         return RunOutput(final_metrics, {}, samples)

@@ -240,7 +240,7 @@ class Model(abc.ABC):
         4x a GD step's time per evaluation (the solver's own work, measured on 2 cores)."""
         if is_flow(static):
             return int(4 * 180 * (1 + math.log10(1 + static.flow_time)))
-        if is_limit(static):  # ~100 L-BFGS iterations of ~3 gradients (measured: 34 - 94)
+        if is_limit(static):  # ~100 L-BFGS iterations of ~3 gradients (measured: 9 - 101)
             return 300
         return getattr(static, "steps", 0)
 
