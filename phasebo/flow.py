@@ -4,8 +4,9 @@ A run with ``dynamics = "flow"`` integrates
 
     ``theta'(tau) = -grad L(theta(tau)) - lambda theta(tau)``,    ``theta(0) = theta_0``,
 
-to the flow time ``tau = flow_time`` with diffrax (Tsit5, a PID step-size controller with the
-tolerances ``flow_rtol``, ``flow_atol``, at most ``flow_max_steps`` solver steps). Gradient
+to the flow time ``tau = flow_time`` with diffrax (the explicit Runge-Kutta scheme
+``flow_solver``, :data:`SOLVERS`; a PID step-size controller with the tolerances ``flow_rtol``,
+``flow_atol``; at most ``flow_max_steps`` solver steps). Gradient
 descent at step ``lr`` is this field's explicit Euler scheme, so GD's ``steps`` steps reach flow
 time ``lr x steps``; the flow is what GD converges to as ``lr -> 0`` at a fixed ``tau``. The
 state is whatever the engine steps: the model's parameters (direct engine) or the span
@@ -49,6 +50,12 @@ from .metrics import all_finite
 N_CHECK = 100  # check times for the first-fit steps, log-spaced over the last DECADES decades
 DECADES = 5.0
 ACC_TOL = 0.005  # test accuracy moves by at most this over a settled decade
+# flow_solver -> diffrax solver. Bosh3 is the default: where the flow is stiff (large ||mu||: the
+# step size is held by stability, loosening rtol adds steps) it reaches tau with fewer gradients
+# (3 per step against Tsit5's 6, and a larger stability interval per gradient), and at the default
+# tolerances it is as accurate as Tsit5 (python -m phasebo.bench --sections flow; docs/science.md)
+SOLVERS = {"bosh3": diffrax.Bosh3, "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5,
+           "dopri8": diffrax.Dopri8}
 STEP_MAX = np.iinfo(np.int32).max  # GD-equivalent steps are int32 in a run (checked in config)
 STEP_MAX_F32 = 2**24  # ... and exact integers in float32 up to here
 
@@ -117,16 +124,17 @@ def settled(margins, outputs, logits, test_acc, tol):
 
 def solve(state0, field: Callable, view: Callable, *, flow_time: float, records, record_fn,
           margin_fn: Callable, y, relevant: Callable | None, lr, rtol: float, atol: float,
-          max_steps: int, converge_tol: float, dtype, defer: bool = True):
+          max_steps: int, converge_tol: float, dtype, solver: str = "bosh3", defer: bool = True):
     """Integrate ``field`` from ``state0`` to ``flow_time``.
 
     ``field(state) -> (state', (f, s, a))``: the flow's right-hand side and the forward pass it
     computed; ``view(state) -> (f, s, a)``; ``record_fn(state, f, s, a) -> dict`` of scalars;
-    ``margin_fn(f, y) -> (n,)``; ``defer``: save the states at :func:`save_times` and compute
-    everything read from them after the solve, vectorised (else at each save, for states too
-    large to keep that many of). Returns ``(now, (f, s, a), bookkeeping)`` with
-    ``bookkeeping`` the fields of :class:`phasebo.train.LoopState` (``buf``: the recorded
-    metrics with their ``step`` and ``time``) and ``solver_steps``, ``solved``.
+    ``margin_fn(f, y) -> (n,)``; ``solver``: a key of :data:`SOLVERS`; ``defer``: save the
+    states at :func:`save_times` and compute everything read from them after the solve,
+    vectorised (else at each save, for states too large to keep that many of). Returns
+    ``(now, (f, s, a), bookkeeping)`` with ``bookkeeping`` the fields of
+    :class:`phasebo.train.LoopState` (``buf``: the recorded metrics with their ``step`` and
+    ``time``) and ``solver_steps``, ``solved``.
     """
     n = y.shape[0]
 
@@ -171,7 +179,7 @@ def solve(state0, field: Callable, view: Callable, *, flow_time: float, records,
             subs.append(diffrax.SubSaveAt(ts=jnp.asarray(records, dtype),
                                           fn=lambda t, yy, args: record(yy[0])))
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(rhs), diffrax.Tsit5(), t0=0.0, t1=flow_time, dt0=None,
+        diffrax.ODETerm(rhs), SOLVERS[solver](), t0=0.0, t1=flow_time, dt0=None,
         y0=(state0, jnp.zeros(n, dtype)), saveat=diffrax.SaveAt(subs=subs),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol), max_steps=max_steps,
         throw=False)

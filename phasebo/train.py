@@ -237,7 +237,7 @@ def flow_loop(state0, field: Callable, view: Callable, static, sw: dict, record_
         state0, field, view, flow_time=static.flow_time, records=records, record_fn=record_fn,
         margin_fn=margin_fn, y=batch.y, relevant=relevant, lr=sw["lr"], rtol=static.flow_rtol,
         atol=static.flow_atol, max_steps=static.flow_max_steps,
-        converge_tol=static.flow_converge_tol, dtype=dtype,
+        converge_tol=static.flow_converge_tol, dtype=dtype, solver=static.flow_solver,
         defer=len(flow.save_times(static.flow_time, records)) * size <= DEFER_BYTES)
     ls = LoopState(**{k: book[k] for k in LoopState._fields})
     return now, fwd, ls, {k: v for k, v in book.items() if k not in LoopState._fields}

@@ -235,8 +235,9 @@ class Model(abc.ABC):
 
     def loop_steps(self, static) -> int:
         """GD steps' worth of work in one run, for the cost estimates: its steps, or for a flow
-        6 gradient evaluations per solver step (Tsit5), ~30 solver steps per decade of flow time
-        (the p-only map to tau = 5000 took 81 on average; a weight-decayed flow takes more) and
+        ~180 gradient evaluations per decade of flow time (Tsit5: 6 per solver step, ~30 steps per
+        decade; Bosh3: 3 per step, up to twice the steps; the p-only map to tau = 5000 took 81
+        Tsit5 steps on average; a weight-decayed flow takes more) and
         4x a GD step's time per evaluation (the solver's own work, measured on 2 cores)."""
         if is_flow(static):
             return int(4 * 180 * (1 + math.log10(1 + static.flow_time)))
