@@ -20,8 +20,8 @@ same run, so the ratios compare like with like on this machine. Sections:
   with an empty and then a warm compilation cache.
 - **heatmap**: ``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml`` (39 x 39 x
   ``--heatmap-seeds``) as a subprocess with an empty cache.
-- **flow**: gradient flow to tau = 500 (Bosh3, the default, and Tsit5) vs 10^5 GD steps (same
-  flow time, records included), and the long-horizon flow map (``sweeps/flow_horizons.toml``) as a subprocess.
+- **flow**: gradient flow to tau = 500 (Bosh3 and Tsit5) vs 10^5 GD steps (records included),
+  and the long-horizon flow map (``sweeps/flow_horizons.toml``) as a subprocess.
 - **vit**: the digits ViT's phase 2: a gradient step computing only the last block's CLS row
   vs the whole block, and the paper's recipe at n = 20 as a sweep.
 - **precision**: the reduced engine in float32 vs float64 at the three S2 regimes, d = 10^3 .. 10^6.
@@ -329,12 +329,10 @@ def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) 
 
 def section_flow(q: bool, repeat: int, out: dict) -> None:
     """Gradient flow to tau = 500 against 10^5 GD steps of 5e-3 (the same flow time) on runs of
-    the same settings, both through the sweep's block function on the reduced engine with 20
-    log-spaced records, the flow with its default solver (Bosh3) and with Tsit5 beside it; then
-    the long-horizon map (``sweeps/flow_horizons.toml``, flow to tau = 5000, 39 x 39 x seeds)
-    as a subprocess with an empty compilation cache."""
-    n = 32 if q else 64
-    rows = []
+    the same settings through the sweep's block function (reduced engine, 20 log-spaced records),
+    the flow by Bosh3 (the default) and Tsit5; then ``sweeps/flow_horizons.toml`` (tau = 5000,
+    39 x 39 x seeds) as a subprocess with an empty compilation cache."""
+    n, rows = (32 if q else 64), []
     for d, mu in ([S2_CASES[1]] if q else S2_CASES):
         gd = batched_rate("reduced", d, n, 100_000, repeat=1, signal_norm=mu, record_log=20)
         fl, ts = (batched_rate("reduced", d, n, 0, repeat=repeat, signal_norm=mu, record_log=20,
@@ -343,9 +341,8 @@ def section_flow(q: bool, repeat: int, out: dict) -> None:
         out.setdefault("flow", []).append({"d": d, "signal_norm": mu, "runs": n, "gd": gd,
                                            "flow": fl, "flow_tsit5": ts})
         rows.append([d, mu, n, _fmt(gd), _fmt(fl), f"{fl / gd:.0f}", _fmt(ts), f"{ts / gd:.0f}"])
-    _print_table("flow: runs/s to tau = 500, GD (10^5 steps of 5e-3) vs gradient flow (diffrax, "
-                 "rtol 1e-5; Bosh3 the default, Tsit5 beside it, which draws its own data: the "
-                 "solver is part of a run's identity), reduced engine, 20 log-spaced records",
+    _print_table("flow: runs/s to tau = 500, GD (10^5 steps of 5e-3) vs gradient flow (rtol 1e-5, "
+                 "Bosh3; Tsit5 draws its own data), reduced engine, 20 log-spaced records",
                  ["d", "||mu||", "runs", "GD runs/s", "flow runs/s", "flow/GD", "tsit5 runs/s",
                   "tsit5/GD"], rows, "target: flow >= 50x GD")
     seeds = 1 if q else 10
