@@ -182,6 +182,11 @@ def test_a_misspelt_command_gets_a_suggestion(capsys):
     assert err.startswith("phasebo: error: unknown command 'swep' (did you mean 'sweep'?)")
     assert main(["settings", "prompt_attention", "bogus"]) == 2
     assert "unexpected argument 'bogus'" in capsys.readouterr().err
+    assert main(["models", "prompt_attention"]) == 2  # models takes no argument
+    assert "unexpected argument 'prompt_attention'" in capsys.readouterr().err
+    assert main(["models", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: phasebo models") and "prompt_attention" not in out
 
 
 def test_settings_of_a_model_lists_its_settings(quick):

@@ -132,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if cmd == "models":
+        if rest and rest[0] in ("-h", "--help"):
+            print("usage: phasebo models  (the models, their engines and what each computes)")
+            return 0
+        if rest:  # nothing to choose: an argument would be ignored
+            print(f"phasebo models: error: unexpected argument {rest[0]!r}; usage: phasebo models",
+                  file=sys.stderr)
+            return 2
         print(models_table())
         return 0
     from ..settings import suggest
