@@ -46,6 +46,11 @@ def is_limit(static) -> bool:
     return getattr(static, "dynamics", "gd") == "limit"
 
 
+def weight_decayed(loss: Callable, weight_decay) -> Callable:
+    """``J(x) = loss(x) + (weight_decay / 2) ||x||^2`` over every leaf of the pytree ``x``."""
+    return lambda x: loss(x) + weight_decay / 2 * sum(jnp.sum(v**2) for v in jax.tree.leaves(x))
+
+
 def minimise(J: Callable, x0, *, tol: float, max_iters: int):
     """``(x, iterations, ||grad J(x)||)``: L-BFGS on ``J`` from ``x0`` (a pytree) until the
     gradient norm is at most ``tol``, ``max_iters`` iterations, or a non-finite value."""

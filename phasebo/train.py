@@ -35,7 +35,7 @@ from . import flow
 from .data import Batch
 from .flow import is_flow
 from .limit import book as limit_book
-from .limit import is_limit, minimise, no_steps
+from .limit import is_limit, minimise, no_steps, weight_decayed
 from .metrics import (
     GROUPS,
     all_finite,
@@ -393,11 +393,7 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
 
     flowed = None
     if is_limit(static):  # the minimiser of the weight-decayed loss (phasebo.limit)
-        wd = sw["weight_decay"]
-
-        def objective(p_):
-            return forward(p_)[0] + wd / 2 * sum(jnp.sum(v**2) for v in jax.tree.leaves(p_))
-
+        objective = weight_decayed(lambda p_: forward(p_)[0], sw["weight_decay"])
         p, k, gn = minimise(objective, params, tol=static.limit_tol,
                             max_iters=static.limit_max_iters)
         f, s, a = forward(p)[1]

@@ -64,6 +64,7 @@ import jax
 import jax.numpy as jnp
 
 from ..data import Batch
+from ..metrics import logistic_loss
 
 # Loop iterations per compiled loop trip: the per-step work is small (one N x N product), so the
 # while-loop's own overhead matters on CPU.
@@ -388,7 +389,7 @@ def span_limit(prob: SpanProblem, y, weight_decay, *, tol: float, max_iters: int
     LAPACK call deadlocks XLA's CPU thread pool when two devices run it at once)."""
     from jax.scipy.sparse.linalg import cg
 
-    from ..limit import minimise
+    from ..limit import minimise, weight_decayed
 
     F = prob.factor()
     K = gram_full(prob.K)
@@ -405,11 +406,7 @@ def span_limit(prob: SpanProblem, y, weight_decay, *, tol: float, max_iters: int
         s, f = _softmax_out(a, h)
         return f, s, a
 
-    def J(x):
-        f = forward(x)[0]
-        return (jnp.mean(jax.nn.softplus(-y * f))
-                + weight_decay / 2 * sum(jnp.sum(v**2) for v in jax.tree.leaves(x)))
-
+    J = weight_decayed(lambda x: logistic_loss(y * forward(x)[0]), weight_decay)
     zero = jnp.zeros(F.shape[1], h0.dtype)
     x, k, g = minimise(J, (zero, zero if head else None), tol=tol, max_iters=max_iters)
     u, w = x
