@@ -62,6 +62,8 @@ def test_adaptive_optimizers_change_the_run_and_fit_faster(optimizer):
     (dict(clip_norm=1.0, engine="gram"), "gradient clipping and step-size schedules"),
     (dict(dynamics="flow", optimizer="adam"), "optimizer = 'adam' has no gradient flow"),
     (dict(dynamics="flow", lr_schedule="linear"), "lr_schedule = 'linear' has no gradient flow"),
+    (dict(dynamics="limit", weight_decay=0.1, dtype="float64", optimizer="adam"),
+     "optimizer = 'adam' has no converged limit.*leave optimizer at its default"),
 ])
 def test_optimizer_settings_are_refused_where_they_cannot_run(settings, words):
     with pytest.raises(ConfigError, match=words):

@@ -105,9 +105,11 @@ class Model(abc.ABC):
                                                    ("batch_size", 0))
                     if r.get(k, v) != v]
             if rule:
-                raise ConfigError(f"{rule[0]} has no gradient flow (the flow is the limit of plain "
-                                  f"full-batch GD); fix: dynamics = \"gd\", or leave it at its "
-                                  "default")
+                what = ("has no gradient flow (the flow is the limit of plain full-batch GD)"
+                        if r["dynamics"] == "flow" else "has no converged limit in phasebo (the "
+                        "limit minimises the loss itself, whatever optimiser would reach it)")
+                raise ConfigError(f"{rule[0]} {what}; fix: dynamics = \"gd\", or leave "
+                                  f"{rule[0].split(' ')[0]} at its default")
         if r.get("dynamics") == "limit":
             if not r.get("weight_decay", 0.0) > 0:
                 raise ConfigError(f"dynamics = \"limit\" minimises L + (weight_decay/2)||theta||^2, "
