@@ -55,7 +55,7 @@ def test_overwrite_removes_the_parts_tables_and_figures(tmp_path):
 def test_reordered_or_respelled_overrides_name_the_same_directory():
     spec_file = ROOT / "sweeps" / "default.toml"
     forms = (["d=[100, 1000]", "noise_ratio=0.2"], ["noise_ratio=0.2", "d=[100, 1000]"],
-             ["noise_ratio = 0.20", "d=[100,1000]"])
+             ["noise_ratio = 0.20", "d=[100,1000]"], ["d=[1000, 100]", "noise_ratio=0.2"])
     slugs = {override_slug(parse_set(f), load_sweep(spec_file, parse_set(f))) for f in forms}
     assert slugs == {"d=100+1000,noise_ratio=0.2"}
     rng = parse_set(["lr={start=0.1, stop=0.4, step=0.1}"])

@@ -112,12 +112,18 @@ def override_slug(overrides: dict, spec: SweepSpec) -> str:
     """A directory name for a set of ``--set`` overrides, canonical: the keys sorted, each value
     as the sweep expanded it (a range written out, ``10`` and ``10.0`` alike), so that the same
     overrides in another order or spelling name the same directory: ``d=1000,signal_norm=10+40``.
-    A name over 120 characters ends in a hash of the whole."""
+    An axis' values are sorted (its order changes no run). A name over 120 characters ends in a
+    hash of the whole."""
     import hashlib
 
     parts = []
     for k in sorted(overrides):
         vals = spec.axes.get(k)
+        if vals is not None:  # an axis' order does not change its runs: [40, 10] is [10, 40]
+            try:
+                vals = sorted(vals)
+            except TypeError:  # values that do not compare (tuples of mixed types)
+                pass
         text = "+".join(map(_fmt_value, vals)) if vals is not None else \
             _fmt_value(spec.fixed.get(k, overrides[k]))
         parts.append(f"{k}={text}")
