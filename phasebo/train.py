@@ -155,7 +155,7 @@ class Recorder(NamedTuple):
         def compute(b):
             m = self.record_fn(now, f, s, a)
             row = jnp.stack([jnp.asarray(m[name]).astype(b.dtype) for name in self.names])
-            return jax.lax.dynamic_update_slice(b, row[None, :], (k, 0))
+            return jax.lax.dynamic_update_slice(b, row[None, :], (k, jnp.zeros((), k.dtype)))
 
         return jax.lax.cond(k >= 0, store if self.view is not None else compute,
                             lambda b: b, buf)

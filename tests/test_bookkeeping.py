@@ -293,3 +293,24 @@ def test_noise_free_runs_have_no_noisy_fit_step(sweep):
     # the grid has a cell where every flipped sample was fitted and one where none was, per run
     assert np.isfinite(cells.loc[(0.2, 3.0), "noisy_fit_step_mean"])
     assert np.isnan(cells.loc[(0.2, 10.0), "noisy_fit_step_mean"])
+
+
+def test_metrics_computed_at_each_recorded_step_equal_the_deferred_ones(monkeypatch):
+    """A run whose states are too large to keep computes its recorded metrics at each recorded
+    step (:class:`phasebo.train.Recorder`); in float64 (64-bit indices) as in float32, the same
+    dynamics as computing them after the loop."""
+    import jax
+
+    import phasebo.train
+    from phasebo.sweep import run_one
+
+    s = dict(d=60, n=8, T=4, signal_norm=10.0, n_test=50, steps=20, record_every=5,
+             dtype="float64")
+    kept = run_one(s, seed=1)
+    monkeypatch.setattr(phasebo.train, "DEFER_BYTES", 0)
+    jax.clear_caches()  # a new trace, not the first run's program
+    each = run_one(s, seed=1)
+    assert set(kept.dynamics) == set(each.dynamics)
+    for k in kept.dynamics:
+        np.testing.assert_allclose(np.asarray(kept.dynamics[k]), np.asarray(each.dynamics[k]),
+                                   rtol=1e-12, err_msg=k)
