@@ -254,7 +254,9 @@ def describe(pl: Plan, out: Path) -> str:
         total_t += t + COMPILE_SECONDS
         block = f"{g.block}" if g.members == 1 else \
             f"{g.block} noise group(s) of {g.members} runs (shared along {g.axis})"
-        lines.append(f"  {g.label}: {g.n_runs} runs in {len(g.cells)} cell(s); block {block}, "
+        # a Cell holds every combination of the swept (traced) axes: count grid points
+        points = g.n_runs // max(spec.seeds, 1)
+        lines.append(f"  {g.label}: {g.n_runs} runs in {points} cell(s); block {block}, "
                      f"first chunk {g.width}; memory ~{g.block * g.bytes_per_run / 2**20:.1f} MiB per "
                      f"device; ~{fmt_time(t)}")
     lines.append(f"  estimated time ~{fmt_time(total_t)} (cost model of `phasebo bench`), tables "

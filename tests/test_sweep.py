@@ -357,10 +357,11 @@ def test_every_sweep_file_dry_runs(path, traced, tmp_path, capsys, restore_x64,
     head = re.search(rf"^{re.escape(spec.name)}: {spec.n_runs} runs in (\d+) compiled group\(s\) "
                      rf"on \d+ \w+ device\(s\); output {re.escape(str(out))}$", printed, re.M)
     assert head, printed
-    groups = re.findall(r"^  .+: (\d+) runs in \d+ cell\(s\); block \d+( noise group\(s\) of \d+ "
-                        r"runs \(shared along \w+\))?, first chunk \d+; memory ~",
+    groups = re.findall(r"^  .+: (\d+) runs in (\d+) cell\(s\); block \d+( noise group\(s\) of "
+                        r"\d+ runs \(shared along \w+\))?, first chunk \d+; memory ~",
                         printed, re.M)
     assert len(groups) == int(head[1]) >= 1, printed
     assert sum(int(g[0]) for g in groups) == spec.n_runs, printed
+    assert all(int(g[0]) == int(g[1]) * spec.seeds for g in groups), printed  # grid points
     assert re.search(r"^  estimated time ~.+ on disk, memory budget", printed, re.M), printed
     assert not out.exists()  # a dry run writes nothing
