@@ -18,7 +18,8 @@ sampled ``x`` range is ``"outside_range"`` (an extrapolation is not a measuremen
 gap between the last all-``A`` and the first all-``B`` value, since the data cannot place the
 boundary inside it. Likewise a slice whose fitted transition is narrower than the gap between
 the sampled ``x`` values on either side of its estimate is ``"unresolved"``, and its interval holds
-that gap.
+that gap; so is a slice whose interval is unbounded (infinite, or reaching 0 on a log axis: too
+few seeds to bound it), which the data do not place either.
 
 **Scaling law.** :func:`fit_power_law` fits ``boundary = prefactor · x^exponent`` by weighted least
 squares on log axes, each boundary weighted by its CI (standard deviation ``log(hi/lo) / 2z``); the
@@ -171,6 +172,8 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
         lo, hi = min(lo, below[-1]), max(hi, above[0])
     with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
         est, lo, hi = float(back(est)), float(back(lo)), float(back(hi))
+    if status == "ok" and not (math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or not log)):
+        status = "unresolved"  # a boundary the seeds cannot bound is not placed (e.g. 3 seeds)
     out.update(boundary=est, lo=lo, hi=hi, slope=float(c[0] / s), status=status,
                pseudo_r2=float(1 - ll[0] / ll0[0]) if ll0[0] < 0 else np.nan)
     return out

@@ -539,9 +539,19 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
         return ax
     yv = ok[y].to_numpy(float)
     bx = ok["boundary"].to_numpy(float)
-    err = np.vstack([bx - ok["lo"].to_numpy(float), ok["hi"].to_numpy(float) - bx])
-    ax.errorbar(bx, yv, xerr=err, fmt="o", ms=3, color=color, ecolor=color, elinewidth=1,
-                capsize=2, label=f"boundary {ok['between'].iloc[0]} (95% CI)", zorder=5)
+    lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
+    # an interval that is infinite (or reaches 0 on a log axis) has no bar to draw: such a
+    # boundary is drawn hollow and named, never as a point with a bar too small to see
+    bounded = np.isfinite(lo_) & np.isfinite(hi_) & ((lo_ > 0) | (ax.get_xscale() != "log"))
+    between = ok["between"].iloc[0]
+    if bounded.any():
+        err = np.vstack([bx - lo_, hi_ - bx])[:, bounded]
+        ax.errorbar(bx[bounded], yv[bounded], xerr=err, fmt="o", ms=3, color=color,
+                    ecolor=color, elinewidth=1, capsize=2,
+                    label=f"boundary {between} (95% CI)", zorder=5)
+    if not bounded.all():
+        ax.plot(bx[~bounded], yv[~bounded], "o", ms=4, mfc="none", color=color, zorder=5,
+                label=f"boundary {between}, interval unbounded (too few seeds)")
     ys = np.geomspace(yv.min(), yv.max(), 100) if (yv > 0).all() else np.linspace(yv.min(),
                                                                                    yv.max(), 100)
     if fit is not None:
@@ -580,9 +590,9 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
                          "describe this boundary",
             "grid_limited": "grid-limited: every boundary only bracketed by the grid (a fit "
                             "through gap midpoints); refine the grid"}.get(row["status"])
-    if note:
-        ax.text(0.02, 0.02, note, transform=ax.transAxes, fontsize=7, va="bottom",
-                bbox={"facecolor": "white", "alpha": 0.85, "lw": 0})
+    if note:  # wrapped to the axes: a line running past them shrank the map to make room
+        ax.text(0.02, 0.02, textwrap.fill(note, 55), transform=ax.transAxes, fontsize=7,
+                va="bottom", bbox={"facecolor": "white", "alpha": 0.85, "lw": 0})
     fig.boundary_fit = row  # for tests and callers
     return fig
 

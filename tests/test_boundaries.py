@@ -237,3 +237,16 @@ def test_pooling_runs_at_the_same_point_gives_the_run_by_run_fit():
     apart = _fit(u + 1e-13 * np.arange(u.size), yb, w)
     for a, b in zip(pooled, apart):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-8)
+
+
+def test_a_boundary_its_seeds_cannot_bound_is_unresolved():
+    """Three seeds, seven runs with no clear order: the estimate lies inside the sampled range but
+    the bootstrap interval reaches 0 on the log axis; such a slice is not placed (``unresolved``,
+    not ``ok``), so a summary never counts it as a placed boundary."""
+    df = pd.DataFrame({"d": 1, "seed": [0, 0, 1, 2, 2, 2, 2],
+                       "m": [200.0, 400.0, 1600.0, 100.0, 200.0, 800.0, 1600.0],
+                       "regime": ["benign", "harmful", "harmful", "harmful", "harmful", "benign",
+                                  "benign"]})
+    r = boundaries(df, "m", "d").iloc[0]
+    assert 100 <= r["boundary"] <= 1600 and not r["lo"] > 0
+    assert r["status"] == "unresolved"
