@@ -421,6 +421,9 @@ def read_sweep_file(path: str | Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"sweep file {str(path)!r} does not parse as TOML: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"sweep file {str(path)!r} is not UTF-8 text") from None
+    if not raw:
+        raise ConfigError(f"sweep file {str(path)!r} is empty; fix: set at least a [settings] or "
+                          "[axes] table (see sweeps/default.toml)")
     inc = raw.pop("include", None)
     if inc is None:
         return raw
@@ -429,6 +432,9 @@ def read_sweep_file(path: str | Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"{path.name}: include = {inc!r} must be a file name or a list of them")
     base: dict = {}
     for i in incs:
+        if not (path.parent / i).is_file():
+            raise ConfigError(f"{path.name}: include = {i!r}: {str(path.parent / i)!r} is not a "
+                              "file; fix: a sweep file's name relative to this file's folder")
         sub = read_sweep_file(path.parent / i, (*_seen, path.resolve()))
         base = _merge(base, sub)
     base.pop("name", None)  # the including file names the sweep

@@ -132,6 +132,9 @@ GOOD = '[settings]\nd = 64\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\n'
          [], ["value = 'test_accuracy' is not a column", "test_acc"]),
         (GOOD + '[plot]\nheatmaps = [{ x = "sig", y = "d" }]\n', [], ["x = 'sig'"]),
         (GOOD, ["--format", "gif"], ["--format"]),
+        (GOOD, ["--devices", "0"], ["--devices = 0"]),
+        ("", [], ["is empty", "[settings]"]),
+        ("include = \"base.toml\"\n[settings]\nd = 5\n", [], ["bad.toml: include = 'base.toml'"]),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, text, args, needles):

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         if args.seeds is not None and args.seeds < 1:
             raise ConfigError(f"--seeds = {args.seeds} must be a positive integer")
-        for flag in ("chunk_size", "block_size", "dpi"):
+        for flag in ("chunk_size", "block_size", "dpi", "devices", "cpu_devices"):
             v = getattr(args, flag)
             if v is not None and v < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} = {v} must be >= 1")
