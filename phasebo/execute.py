@@ -40,6 +40,7 @@ from .grid import chunk_arrays, chunks, group_pieces, select
 from .plan import next_width
 from .registry import get_model, resolve_engine
 from .results import done_run_ids, output_columns, rows, write_table_atomic
+from .settings import SHAPES_ONLY
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 IN_FLIGHT = 2  # blocks dispatched ahead of the one being waited for
@@ -409,11 +410,15 @@ def traced_columns(pl) -> set[str]:
     compilation)."""
     jax = _jax()
     cols: set[str] = set()
-    for g in pl.groups:
-        arrays = chunk_arrays(pl.spec, g, [(g.cells[0], np.arange(1))], 1)[0]
-        one = {k: jax.ShapeDtypeStruct((), v.dtype) for k, v in arrays.items()}
-        out = jax.eval_shape(lambda a, g=g: _one_run(a, g.model, g.engine, g.program), one)
-        cols |= output_columns(g.model, out)
+    token = SHAPES_ONLY.set(True)  # a dry run computes nothing: no pretraining for a shape
+    try:
+        for g in pl.groups:
+            arrays = chunk_arrays(pl.spec, g, [(g.cells[0], np.arange(1))], 1)[0]
+            one = {k: jax.ShapeDtypeStruct((), v.dtype) for k, v in arrays.items()}
+            out = jax.eval_shape(lambda a, g=g: _one_run(a, g.model, g.engine, g.program), one)
+            cols |= output_columns(g.model, out)
+    finally:
+        SHAPES_ONLY.reset(token)
     return cols
 
 

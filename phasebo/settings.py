@@ -19,6 +19,7 @@ does not change the run's random key.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import math
@@ -170,6 +171,13 @@ def nonneg_ints(v):
 # --------------------------------------------------------------------------------------------
 
 S = Setting
+
+
+# True while a dry run traces its programs for their shapes alone: a cached artefact that would
+# have to be computed first (a pretrained backbone, minutes) is then stood in for by one of the
+# same shapes, and nothing is written to the cache.
+SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("phasebo_shapes_only",
+                                                                   default=False)
 
 
 def cache_dir() -> str:

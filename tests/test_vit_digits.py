@@ -244,3 +244,20 @@ def test_a_sweep_without_noise_free_runs_is_told_its_runs_have_no_baseline():
     assert "no_baseline" in baseline_notes(phasebo.spec_from_dict(SMALL))[0]
     assert baseline_notes(phasebo.spec_from_dict(SMALL, {"noise_ratio": [0.0, 0.2]})) == []
     assert baseline_notes(phasebo.spec_from_dict({**SMALL, "test_reference": "absolute"})) == []
+
+
+def test_a_dry_run_pretrains_nothing_and_writes_no_cache(tmp_path, monkeypatch, capsys):
+    """``--dry-run`` traces each program for its columns; a backbone not yet cached is stood in
+    for by one of its shapes there, so the dry run neither pretrains (minutes) nor writes it."""
+    from phasebo.cli.sweep import main
+
+    monkeypatch.setenv("PHASEBO_CACHE", str(tmp_path / "cache"))
+    called = []
+    monkeypatch.setattr(B, "pretrain", lambda *a, **k: called.append(1))
+    f = tmp_path / "vit.toml"
+    f.write_text('[settings]\nmodel = "vit_digits"\nvit_width = 16\nvit_heads = 2\nn = 20\n'
+                 'steps = 5\n[axes]\nnoise_ratio = [0.0, 0.2]\n'
+                 '[plot]\nlines = [{ x = "noise_ratio", value = "backbone_test_acc" }]\n')
+    assert main([str(f), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert "2 runs" in capsys.readouterr().out
+    assert not called and not list((tmp_path / "cache").rglob("*.eqx"))
