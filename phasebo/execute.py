@@ -277,9 +277,20 @@ class Executor:
                     f"{g.block} noise group(s) of {g.members} runs"
                 bar.say(f"compiling group {k + 1}/{len(active)}: {g.label}, {n_todo} runs, block "
                         f"{block} x {n_dev} device(s), first chunk {g.width}")
+                if interrupted.stop:
+                    raise KeyboardInterrupt
                 t = time.perf_counter()
-                compiled = self.compile(g, lowered, n_dev)
+                # in a worker, as a chunk: a Ctrl-C is answered at once, and JAX's compile is
+                # never cut half way (a KeyboardInterrupt raised inside it made the process
+                # crash at exit), a first one stops the sweep when it returns
+                interrupted.compiling = True
+                try:
+                    compiled = _in_worker(self.compile, g, lowered, n_dev)
+                finally:
+                    interrupted.compiling = False
                 stats.compile_s += time.perf_counter() - t
+                if interrupted.stop:
+                    raise KeyboardInterrupt
                 bar.resume()
                 for item in stream:
                     if interrupted.stop:
@@ -348,6 +359,7 @@ class _Interrupt:
     stop: bool = False  # a Ctrl-C came: stop before the next chunk
     saving: bool = False  # a chunk is being computed and written: let it finish
     computing: bool = False  # its blocks are computing (a second Ctrl-C gives them up)
+    compiling: bool = False  # a program is compiling (stop when it returns; again: give it up)
 
 
 def _in_worker(fn: Callable, *args):
@@ -373,6 +385,25 @@ def _in_worker(fn: Callable, *args):
     return box["out"]
 
 
+class SigintLatch:
+    """A SIGINT handler for a command's start (:meth:`install`): it raises KeyboardInterrupt as
+    Python's own does, and remembers that it did, so that a Ctrl-C Python swallowed (raised
+    inside a garbage-collector callback, which jax registers, while a program is traced) still
+    stops the sweep when :func:`_interruptible` takes over."""
+
+    def __init__(self):
+        self.hit = False
+
+    def __call__(self, signum, frame):
+        self.hit = True
+        raise KeyboardInterrupt
+
+    @classmethod
+    def install(cls) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, cls())
+
+
 @contextlib.contextmanager
 def _interruptible():
     """SIGINT sets ``stop``, which the chunk loop reads before every chunk; outside a chunk's
@@ -388,10 +419,14 @@ def _interruptible():
         return
 
     def handler(signum, frame):
-        if state.stop and state.computing:
+        if state.stop and (state.computing or state.compiling):
             raise Abandoned
         first = not state.stop
         state.stop = True
+        if state.compiling:
+            print("\nstopping once the program being compiled is ready (Ctrl-C again to stop at "
+                  "once)", file=sys.stderr, flush=True)
+            return
         if not state.saving:
             raise KeyboardInterrupt
         if first and state.computing:
@@ -399,6 +434,7 @@ def _interruptible():
                   "at once; their runs are redone on resume)", file=sys.stderr, flush=True)
 
     old = signal.signal(signal.SIGINT, handler)
+    state.stop = isinstance(old, SigintLatch) and old.hit  # a Ctrl-C before, maybe swallowed
     try:
         yield state
     finally:

@@ -195,3 +195,30 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
     assert "Traceback" not in text and "blocks in flight were given up" in text, text
     done = done_run_ids(out / "parts")
     assert len(done) < 256 and len(np.unique(done)) == len(done)
+
+
+def test_ctrl_c_while_a_program_compiles_stops_when_it_is_ready(tmp_path):
+    """SIGINT while the first program compiles (an empty compilation cache): the compile is not
+    cut half way (that made the process crash at exit, code 139); the sweep says it stops once
+    the program is ready, then exits 130 with nothing run."""
+    f = tmp_path / "c.toml"
+    f.write_text('name = "c"\nseeds = 4\n[settings]\nmodel = "prompt_attention"\nsteps = 1234\n'
+                 'n_test = 100\n[axes]\nd = [250, 4000]\n')
+    out = tmp_path / "out"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg",
+           "PHASEBO_CACHE": str(tmp_path / "cache")}
+    proc, err, reader = started([sys.executable, "-m", "phasebo", "sweep", str(f), "--out",
+                                 str(out), "--no-plots"], env)
+    try:
+        deadline = time.monotonic() + 240
+        while b"compiling group 1/1" not in err:
+            assert proc.poll() is None and time.monotonic() < deadline, err.decode()
+            time.sleep(0.02)
+        code, took = interrupt(proc)
+    finally:
+        reap(proc, reader)
+    text = err.decode()
+    assert code == 130, (code, text)
+    assert "stopping once the program being compiled is ready" in text, text
+    assert "Traceback" not in text and "Fatal Python error" not in text, text
+    assert len(done_run_ids(out / "parts")) == 0

@@ -12,11 +12,12 @@ import logging
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 from .. import config as C
 from ..config import SweepSpec
-from ..execute import Abandoned, traced_columns
+from ..execute import Abandoned, SigintLatch, traced_columns
 from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
 from ..store import check_out_dir, compatible, count_done, holds_runs, read_manifest
@@ -192,6 +193,19 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """The sweep command (see the module docstring); its exit code."""
+    import signal
+
+    old = signal.getsignal(signal.SIGINT)
+    SigintLatch.install()  # a Ctrl-C while the programs are traced is never lost
+    try:
+        return _main(argv, prog)
+    finally:
+        if threading.current_thread() is threading.main_thread() and old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
+def _main(argv: list[str] | None, prog: str | None) -> int:
     p = build_parser()
     if prog:
         p.prog = prog
