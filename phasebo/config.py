@@ -400,7 +400,12 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
         _setting(key, "--set ")
         try:
             value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
+        except tomllib.TOMLDecodeError as e:
+            if text[:1] in "[{":  # meant as a list or a range: say what does not parse
+                raise ConfigError(f"--set {key}: {text!r} is not a valid TOML list or range "
+                                  f"({str(e).split(' (at')[0]}); fix: e.g. --set "
+                                  f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'"
+                                  ) from None
             value = text  # a bare word such as --set model=prompt_attention
         out[key] = value
     return out

@@ -64,8 +64,8 @@ for _m in MODELS.values():
 
 def get_model(name: str) -> Model:
     if name not in MODELS:
-        raise ConfigError(f"model = {name!r} is not a known model{suggest(name, MODELS)}; known "
-                          f"models: {', '.join(MODELS)}")
+        raise ConfigError(f"model = {name!r} is not a known model{suggest(name, MODELS)}; fix: "
+                          f"one of {', '.join(MODELS)} (phasebo models describes them)")
     return MODELS[name]
 
 
