@@ -263,8 +263,13 @@ class Executor:
         stats.compile_s += time.perf_counter() - t
         if check_columns is not None and active:
             check_columns(columns)
-        with _interruptible() as interrupted:
-            self._chunk_loop(spec, pl.n_dev, active, parts, stats, bar, max_chunks, interrupted)
+        try:
+            with _interruptible() as interrupted:
+                self._chunk_loop(spec, pl.n_dev, active, parts, stats, bar, max_chunks,
+                                 interrupted)
+        except KeyboardInterrupt as e:
+            e.stats = stats  # what was saved before the stop: the manifest's history says it
+            raise
         return stats
 
     def _chunk_loop(self, spec, n_dev, active, parts, stats, bar, max_chunks, interrupted) -> None:

@@ -84,6 +84,12 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         stats = executor.execute(pl, out_dir, quiet=quiet, max_chunks=max_chunks, share=(pi, pc),
                                  check_columns=check)
     except KeyboardInterrupt as e:
+        done = getattr(e, "stats", None)
+        if done is not None and pi == 0:  # the history says this invocation stopped, and when
+            prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), interrupted=True,
+                        wall_s=round(time.time() - t_start, 3), new_runs=done.n_new,
+                        compile_s=round(done.compile_s, 3), run_s=round(done.run_s, 3))
+            write_manifest(out_dir, spec, prov)
         lost = " (the blocks in flight were given up)" if isinstance(e, Abandoned) else ""
         print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{lost}; run the "
               "same command again to resume", file=sys.stderr)

@@ -2,6 +2,7 @@
 sweep whatever its size, chunks sized by measurement, chunking that does not change a row, and a
 Ctrl-C that keeps every computed block."""
 
+import json
 import os
 import re
 import signal
@@ -157,6 +158,8 @@ def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path, 
     assert "Traceback" not in text and "interrupted: finished chunks are saved under" in text
     done = done_run_ids(out / "parts")
     assert counted <= len(done) < 1000 and len(np.unique(done)) == len(done)
+    entry = json.loads((out / "manifest.json").read_text())["history"][-1]
+    assert entry["interrupted"] is True and entry["new_runs"] == len(done), entry
     spec = load_sweep(f)
     resumed = run_sweep(spec, out, quiet=True, plots=False)
     run_sweep(spec, tmp_path / "fresh", chunk_size=1000, quiet=True, plots=False)
