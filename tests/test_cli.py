@@ -412,3 +412,17 @@ def test_a_bad_refinement_is_refused_before_anything_runs(tiny_file, tmp_path, c
     assert "'not_overfiting' is not a regime" in err and "did you mean" in err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("cmd", ["sweep", "plot", "report", "boundaries"])
+def test_every_command_names_itself_in_its_errors(cmd, tmp_path, capsys):
+    """An error of ``phasebo CMD`` starts with ``phasebo CMD: error:`` (as argparse's own do), one
+    line, exit 2."""
+    from phasebo.cli import run
+
+    missing = str(tmp_path / "missing")
+    args = {"sweep": [missing + ".toml"], "plot": [missing], "report": [missing],
+            "boundaries": [missing, "--x", "d", "--y", "signal_norm"]}[cmd]
+    assert run([cmd, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"phasebo {cmd}: error: "), err

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "bench":
         from .bench import main as bench_main
 
-        return bench_main(rest)
+        return bench_main(rest, prog="phasebo bench")
     if cmd == "reference":
         from .reference import main as ref_main
 
@@ -188,7 +188,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
                         "every recorded step (the boundary over time), or 'last'; default: the "
                         "regime at each run's horizon (results table)")
     args = p.parse_args(argv)
-    name = p.prog.split()[-1]
+    name = p.prog
 
     def split(text):
         return [c for c in text.split(",") if c]

@@ -29,8 +29,8 @@ from ..bench import __doc__ as BENCH_DOC
 from ..bench_vit import section_vit
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m phasebo.bench",
+def build_parser(prog: str = "python -m phasebo.bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog,
                                 description=BENCH_DOC.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = build_parser(prog or "python -m phasebo.bench")
+    args = p.parse_args(argv)
     from .xla import tune_xla_cpu
 
     tune_xla_cpu()  # as the sweep command does
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.precision and "precision" not in sections:
         sections.append("precision")
     if args.steps is not None and args.steps < 1:
-        print(f"phasebo.bench: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
+        print(f"{prog or 'phasebo.bench'}: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
         return 2
     if args.heatmap and "heatmap" not in sections:
         sections.append("heatmap")
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         sections = list(SECTIONS)
     bad = [x for x in sections if x not in SECTIONS]
     if bad:
-        print(f"phasebo.bench: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
+        print(f"{prog or 'phasebo.bench'}: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
               "all", file=sys.stderr)
         return 2
     devs = jax.local_devices()

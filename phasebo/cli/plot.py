@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         else:
             paths = standard_figures(args.results_dir, args.out, formats, args.dpi)
     except (ConfigError, ValueError) as e:
-        print(f"phasebo.plot: error: {e}", file=sys.stderr)
+        print(f"{prog or 'phasebo.plot'}: error: {e}", file=sys.stderr)
         return 2
     for path in paths:
         print(path)

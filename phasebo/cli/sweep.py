@@ -277,7 +277,7 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                       memory_budget=budget, n_devices=args.devices, overwrite=args.overwrite,
                       quiet=args.quiet, plots=not args.no_plots, formats=formats, dpi=args.dpi)
     except ConfigError as e:
-        print(f"{p.prog.split()[-1] if prog else 'phasebo.sweep'}: error: {e}", file=sys.stderr)
+        print(f"{p.prog if prog else 'phasebo.sweep'}: error: {e}", file=sys.stderr)
         return 2
     except Abandoned:
         # blocks given up are still computing in a worker thread: leave without waiting for them
