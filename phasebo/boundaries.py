@@ -18,8 +18,9 @@ sampled ``x`` range is ``"outside_range"`` (an extrapolation is not a measuremen
 gap between the last all-``A`` and the first all-``B`` value, since the data cannot place the
 boundary inside it. Likewise a slice whose fitted transition is narrower than the gap between
 the sampled ``x`` values on either side of its estimate is ``"unresolved"``, and its interval holds
-that gap; so is a slice whose interval is unbounded (infinite, or reaching 0 on a log axis: too
-few seeds to bound it), which the data do not place either.
+that gap. A slice whose estimate lies in the range but whose interval the seeds cannot bound
+(infinite, or reaching 0 on a log axis: too few seeds) is ``"unbounded"``: more seeds, not a finer
+grid, would place it.
 
 **Scaling law.** :func:`fit_power_law` fits ``boundary = prefactor · x^exponent`` by weighted least
 squares on log axes, each boundary weighted by its CI (standard deviation ``log(hi/lo) / 2z``); the
@@ -56,7 +57,15 @@ THEORY_EXPONENTS = {
     ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n)"),
     ("rho", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n) at fixed d"),
 }
-SLICE_STATUSES = ("ok", "unresolved", "separated", "outside_range", "all_A", "all_B", "too_few")
+SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
+                  "too_few")
+
+
+def bounded(lo, hi, log: bool = True):
+    """Whether the intervals ``[lo, hi]`` are bounded: finite, and above 0 on a log axis (an
+    interval reaching 0 there has no width to weigh or draw)."""
+    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    return np.isfinite(lo) & np.isfinite(hi) & ((lo > 0) if log else True)
 Z95 = NormalDist().inv_cdf(0.975)
 RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
@@ -172,8 +181,8 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
         lo, hi = min(lo, below[-1]), max(hi, above[0])
     with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
         est, lo, hi = float(back(est)), float(back(lo)), float(back(hi))
-    if status == "ok" and not (math.isfinite(lo) and math.isfinite(hi) and (lo > 0 or not log)):
-        status = "unresolved"  # a boundary the seeds cannot bound is not placed (e.g. 3 seeds)
+    if status == "ok" and not bounded(lo, hi, log):
+        status = "unbounded"  # too few seeds to bound it (e.g. 3): not placed
     out.update(boundary=est, lo=lo, hi=hi, slope=float(c[0] / s), status=status,
                pseudo_r2=float(1 - ll[0] / ll0[0]) if ll0[0] < 0 else np.nan)
     return out
@@ -190,7 +199,8 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     ``x`` where P(B) = ½), ``lo``/``hi`` (its ``level`` bootstrap-over-seeds interval), ``n_runs``
     (runs of ``A`` or ``B``), ``n_a``, ``n_b``, ``n_other``, ``n_seeds``, ``n_x`` (distinct ``x``
     values), ``slope`` (d logit / d log x), ``pseudo_r2`` (McFadden), ``status`` (one of
-    ``ok``, ``unresolved``, ``separated``, ``outside_range``, ``all_A``, ``all_B``, ``too_few``), ``x`` and
+    ``ok``, ``unresolved``, ``separated``, ``unbounded``, ``outside_range``, ``all_A``, ``all_B``,
+    ``too_few``), ``x`` and
     ``between``. A setting other than ``x``, ``y``, ``by`` and the seed that varies inside a slice
     is an error (the fit would pool it) unless it is named in ``over`` or ``x`` determines it one
     to one (``d`` along ``x = "snr"`` at a fixed signal norm).
@@ -331,9 +341,20 @@ def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float 
     CIs, and the interval is then widened by √chi2_dof). With ``exponent=`` given, only the
     prefactor is fitted (the theory's curve with its constant fitted).
     """
+    missing = [c for c in (x, y) if c not in b.columns]
+    if missing:
+        raise ValueError(f"fit_power_law: no column {missing[0]!r} in the boundary table; its "
+                         f"columns: {', '.join(map(str, b.columns))}")
+    if STEP in b.columns and x != STEP and len(b) and b.groupby(x)[STEP].nunique().max() > 1:
+        raise ValueError(f"fit_power_law: the table holds boundaries at {b[STEP].nunique()} "
+                         f"recorded steps for the same {x}, which one fit would pool; fix: "
+                         f"b[b.{STEP} == S] for one step, or exponents_over_steps(b, {x!r}) for "
+                         "each")
     ok = b[np.isfinite(b[y].to_numpy(float))]
     if "status" in ok.columns:
         ok = ok[ok["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+    if {"lo", "hi"} <= set(ok.columns):  # an unbounded interval has no weight to give the fit
+        ok = ok[bounded(ok["lo"], ok["hi"], log=True)]
     X = np.log(ok[x].to_numpy(float))
     Y = np.log(ok[y].to_numpy(float))
     z = NormalDist().inv_cdf(0.5 + level / 2)
@@ -385,13 +406,12 @@ SCATTER = 4.0  # chi2/dof above this: one power law does not describe the bounda
 
 def exponents_over_steps(b: pd.DataFrame, y: str) -> pd.DataFrame:
     """The power-law fit of :func:`boundaries` rows at each recorded step (a boundary
-    trajectory): ``step``, ``n_slices``, ``n_found`` (finite boundaries of status ok, unresolved or
-    separated), ``exponent``, ``lo``, ``hi``, ``chi2_dof`` (NaN where fewer than
+    trajectory): ``step``, ``n_slices``, ``n_found`` (the slices a power law may go through,
+    :func:`resolved`), ``exponent``, ``lo``, ``hi``, ``chi2_dof`` (NaN where fewer than
     :data:`MIN_FIT_POINTS` slices were found)."""
     rows = []
     for step, g in b.groupby(STEP, sort=True):
-        usable = g[np.isfinite(g["boundary"].to_numpy(float))
-                   & g["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+        usable = resolved(g, y)
         row = {STEP: int(step), "n_slices": len(g), "n_found": len(usable), "exponent": np.nan,
                "lo": np.nan, "hi": np.nan, "chi2_dof": np.nan}
         if len(usable) >= MIN_FIT_POINTS:
@@ -410,9 +430,8 @@ def resolved(b: pd.DataFrame, y: str | None = None) -> pd.DataFrame:
     and, for ``y``, a positive slice value (log y)."""
     keep = np.isfinite(b["boundary"].to_numpy(float)) & b["status"].astype(str).isin(
         ("ok", "unresolved", "separated"))
-    if {"lo", "hi"} <= set(b.columns):
-        lo, hi = b["lo"].to_numpy(float), b["hi"].to_numpy(float)
-        keep &= np.isfinite(lo) & np.isfinite(hi) & (lo > 0)
+    if {"lo", "hi"} <= set(b.columns):  # the fit is on log axes
+        keep &= bounded(b["lo"], b["hi"], log=True)
     if y is not None and y in b.columns:
         keep &= b[y].to_numpy(float) > 0
     return b[keep]

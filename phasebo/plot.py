@@ -39,6 +39,7 @@ import pandas as pd
 from matplotlib.colors import BoundaryNorm, ListedColormap, LogNorm, Normalize
 
 from . import analysis as A
+from .boundaries import bounded
 from .plot_dynamics import (  # noqa: F401 (the figures of a run's path: re-exported)
     accuracy_dynamics,
     attention_dynamics,
@@ -540,17 +541,18 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
     yv = ok[y].to_numpy(float)
     bx = ok["boundary"].to_numpy(float)
     lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
-    # an interval that is infinite (or reaches 0 on a log axis) has no bar to draw: such a
-    # boundary is drawn hollow and named, never as a point with a bar too small to see
-    bounded = np.isfinite(lo_) & np.isfinite(hi_) & ((lo_ > 0) | (ax.get_xscale() != "log"))
+    # an unbounded interval has no bar to draw: such a boundary is drawn hollow and named, never
+    # as a point with a bar too small to see
+    has = bounded(lo_, hi_, log=ax.get_xscale() == "log")
+    if "status" in ok.columns:
+        has &= ok["status"].astype(str).to_numpy() != "unbounded"
     between = ok["between"].iloc[0]
-    if bounded.any():
-        err = np.vstack([bx - lo_, hi_ - bx])[:, bounded]
-        ax.errorbar(bx[bounded], yv[bounded], xerr=err, fmt="o", ms=3, color=color,
-                    ecolor=color, elinewidth=1, capsize=2,
-                    label=f"boundary {between} (95% CI)", zorder=5)
-    if not bounded.all():
-        ax.plot(bx[~bounded], yv[~bounded], "o", ms=4, mfc="none", color=color, zorder=5,
+    if has.any():
+        err = np.vstack([bx - lo_, hi_ - bx])[:, has]
+        ax.errorbar(bx[has], yv[has], xerr=err, fmt="o", ms=3, color=color, ecolor=color,
+                    elinewidth=1, capsize=2, label=f"boundary {between} (95% CI)", zorder=5)
+    if not has.all():
+        ax.plot(bx[~has], yv[~has], "o", ms=4, mfc="none", color=color, zorder=5,
                 label=f"boundary {between}, interval unbounded (too few seeds)")
     ys = np.geomspace(yv.min(), yv.max(), 100) if (yv > 0).all() else np.linspace(yv.min(),
                                                                                    yv.max(), 100)

@@ -125,7 +125,7 @@ def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
     log = bool((df[r.x] > 0).all())
     cases: list[dict] = []
     for _, row in b.iterrows():
-        if str(row["status"]) not in ("ok", "unresolved", "separated"):
+        if str(row["status"]) not in ("ok", "unresolved", "separated", "unbounded"):
             continue
         width = (row["hi"] - row["lo"]) / row["boundary"]
         if not width > r.target:
@@ -136,7 +136,7 @@ def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
         i1 = min(int(np.searchsorted(xs, row["hi"], side="left")), len(xs) - 1)
         y = row[r.y].item() if hasattr(row[r.y], "item") else row[r.y]
         mids = set()
-        if str(row["status"]) != "ok":  # the grid does not resolve the transition: bisect
+        if str(row["status"]) in ("unresolved", "separated"):  # the grid does not resolve it
             gaps = [(xs[i], xs[i + 1]) for i in range(i0, i1)]
             gaps.sort(key=lambda g: -(np.log(g[1] / g[0]) if log else g[1] - g[0]))
             mids = {_mid(a, c, log, integer_x) for a, c in gaps[: r.max_points]} - set(xs.tolist())

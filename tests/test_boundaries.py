@@ -241,12 +241,39 @@ def test_pooling_runs_at_the_same_point_gives_the_run_by_run_fit():
 
 def test_a_boundary_its_seeds_cannot_bound_is_unresolved():
     """Three seeds, seven runs with no clear order: the estimate lies inside the sampled range but
-    the bootstrap interval reaches 0 on the log axis; such a slice is not placed (``unresolved``,
-    not ``ok``), so a summary never counts it as a placed boundary."""
+    the bootstrap interval reaches 0 on the log axis; such a slice is not placed (``unbounded``,
+    not ``ok``), so a summary never counts it as a placed boundary, and refining it adds seeds
+    beside its estimate (a finer grid would not bound it)."""
     df = pd.DataFrame({"d": 1, "seed": [0, 0, 1, 2, 2, 2, 2],
                        "m": [200.0, 400.0, 1600.0, 100.0, 200.0, 800.0, 1600.0],
                        "regime": ["benign", "harmful", "harmful", "harmful", "harmful", "benign",
                                   "benign"]})
     r = boundaries(df, "m", "d").iloc[0]
     assert 100 <= r["boundary"] <= 1600 and not r["lo"] > 0
-    assert r["status"] == "unresolved"
+    assert r["status"] == "unbounded"
+    from phasebo.refine import Refinement, plan_round
+
+    cases, _ = plan_round(df, Refinement(between=("benign", "harmful"), x="m", y="d"), 1000, 1,
+                          False, 1)
+    assert cases and {c["m"] for c in cases} == {400.0, 800.0}, cases  # beside the estimate
+    assert all("root_seed" in c for c in cases)  # new seeds, not new x values
+
+
+def test_the_power_law_leaves_out_unbounded_slices_and_refuses_to_pool_steps():
+    """``fit_power_law`` on a boundaries table fits the slices the CLI's verdict fits: a slice
+    whose interval is unbounded (even one called separated) gives no weight, not the median
+    point's; a table of several recorded steps for the same slices is refused, not pooled."""
+    y = np.array([1.0, 2.0, 4.0, 8.0])
+    b = pd.DataFrame({"m": y, "boundary": 3.0 * y**0.5, "lo": 2.9 * y**0.5, "hi": 3.1 * y**0.5,
+                      "status": "ok"})
+    clean = fit_power_law(b, "m")
+    bad = pd.concat([b, pd.DataFrame({"m": [16.0], "boundary": [100.0], "lo": [1.0],
+                                      "hi": [np.inf], "status": ["separated"]})])
+    fit = fit_power_law(bad, "m")
+    assert fit["n_points"] == 4 and fit["exponent"] == pytest.approx(clean["exponent"])
+    assert fit["exponent"] == pytest.approx(0.5, abs=1e-9)
+    steps = pd.concat([b.assign(step=10), b.assign(step=100)])
+    with pytest.raises(ValueError, match="2 recorded steps for the same m"):
+        fit_power_law(steps, "m")
+    with pytest.raises(ValueError, match="no column 'd'"):
+        fit_power_law(b, "d")
