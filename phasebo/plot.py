@@ -538,15 +538,11 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
     ok = b[np.isfinite(b["boundary"].to_numpy(float))]
     if ok.empty:
         return ax
-    yv = ok[y].to_numpy(float)
-    bx = ok["boundary"].to_numpy(float)
+    yv, bx, between = ok[y].to_numpy(float), ok["boundary"].to_numpy(float), ok["between"].iloc[0]
     lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
-    # an unbounded interval has no bar to draw: such a boundary is drawn hollow and named, never
-    # as a point with a bar too small to see
-    has = bounded(lo_, hi_, log=ax.get_xscale() == "log")
-    if "status" in ok.columns:
-        has &= ok["status"].astype(str).to_numpy() != "unbounded"
-    between = ok["between"].iloc[0]
+    st = ok["status"].astype(str).to_numpy() if "status" in ok.columns else np.full(len(ok), "")
+    # an unbounded interval has no bar: drawn hollow and named, not as a bar too small to see
+    has = bounded(lo_, hi_, log=ax.get_xscale() == "log") & (st != "unbounded")
     if has.any():
         err = np.vstack([bx - lo_, hi_ - bx])[:, has]
         ax.errorbar(bx[has], yv[has], xerr=err, fmt="o", ms=3, color=color, ecolor=color,
@@ -586,8 +582,7 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
         if np.isfinite(row["theory_exponent"]):
             th = {"exponent": row["theory_exponent"], "prefactor": row["theory_prefactor"]}
     boundary_overlay(ax, b, x, y, fit, th, band=row["status"] == "ok")
-    note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (fewer "
-                              "than 3)",
+    note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (< 3)",
             "scattered": f"scattered: χ²/dof {row['chi2_dof']:.1f}, one power law does not "
                          "describe this boundary",
             "grid_limited": "grid-limited: every boundary only bracketed by the grid (a fit "
