@@ -401,7 +401,7 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
         try:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError as e:
-            if text[:1] in "[{":  # meant as a list or a range: say what does not parse
+            if text and text[0] in "[{":  # meant as a list or a range: say what does not parse
                 raise ConfigError(f"--set {key}: {text!r} is not a valid TOML list or range "
                                   f"({str(e).split(' (at')[0]}); fix: e.g. --set "
                                   f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'"

@@ -359,6 +359,11 @@ class Abandoned(KeyboardInterrupt):
     saved; a resumed sweep runs them again) and the sweep stops at once."""
 
 
+class AbandonedCompile(Abandoned):
+    """A second Ctrl-C while a program was compiling: the compile is given up (nothing to save)
+    and the sweep stops at once."""
+
+
 @dataclasses.dataclass
 class _Interrupt:
     stop: bool = False  # a Ctrl-C came: stop before the next chunk
@@ -424,7 +429,9 @@ def _interruptible():
         return
 
     def handler(signum, frame):
-        if state.stop and (state.computing or state.compiling):
+        if state.stop and state.compiling:
+            raise AbandonedCompile
+        if state.stop and state.computing:
             raise Abandoned
         first = not state.stop
         state.stop = True

@@ -28,7 +28,13 @@ import time
 from pathlib import Path
 
 from .config import SweepSpec, baseline_notes, label_noise_notes
-from .execute import Abandoned, Executor, prepare_one, run_one  # noqa: F401 (the door: run_one)
+from .execute import (  # noqa: F401 (the door: run_one)
+    Abandoned,
+    AbandonedCompile,
+    Executor,
+    prepare_one,
+    run_one,
+)
 from .grid import spec_run_ids
 from .plan import check_disk, plan
 from .registry import ENGINES
@@ -84,13 +90,16 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         stats = executor.execute(pl, out_dir, quiet=quiet, max_chunks=max_chunks, share=(pi, pc),
                                  check_columns=check)
     except KeyboardInterrupt as e:
-        done = getattr(e, "stats", None)
-        if done is not None and pi == 0:  # the history says this invocation stopped, and when
+        done = getattr(e, "stats", None)  # None: stopped while its programs were traced
+        if pi == 0:  # the history says this invocation stopped, and when
             prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), interrupted=True,
-                        wall_s=round(time.time() - t_start, 3), new_runs=done.n_new,
-                        compile_s=round(done.compile_s, 3), run_s=round(done.run_s, 3))
+                        wall_s=round(time.time() - t_start, 3),
+                        new_runs=done.n_new if done else 0,
+                        compile_s=round(done.compile_s if done else 0.0, 3),
+                        run_s=round(done.run_s if done else 0.0, 3))
             write_manifest(out_dir, spec, prov)
-        lost = " (the blocks in flight were given up)" if isinstance(e, Abandoned) else ""
+        lost = "" if not isinstance(e, Abandoned) else " (the compile in progress was given up)" \
+            if isinstance(e, AbandonedCompile) else " (the blocks in flight were given up)"
         print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{lost}; run the "
               "same command again to resume", file=sys.stderr)
         raise

@@ -208,8 +208,8 @@ def test_ctrl_c_while_a_program_compiles_stops_when_it_is_ready(tmp_path):
     f.write_text('name = "c"\nseeds = 4\n[settings]\nmodel = "prompt_attention"\nsteps = 1234\n'
                  'n_test = 100\n[axes]\nd = [250, 4000]\n')
     out = tmp_path / "out"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg",
-           "PHASEBO_CACHE": str(tmp_path / "cache")}
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(JAX_PLATFORMS="cpu", MPLBACKEND="Agg", PHASEBO_CACHE=str(tmp_path / "cache"))
     proc, err, reader = started([sys.executable, "-m", "phasebo", "sweep", str(f), "--out",
                                  str(out), "--no-plots"], env)
     try:
