@@ -52,7 +52,7 @@ from .results import (  # noqa: F401 (the column groups: re-exported)
     merge_groups,
     read_table,
 )
-from .settings import ConfigError
+from .settings import ConfigError, suggest
 
 PathLike = str | Path
 CELL_REGIMES = (*REGIMES, "mixed", "failed")
@@ -405,6 +405,10 @@ def pivot(df: pd.DataFrame, x: str, y: str, value: str,
     """
     if where:
         df = select(df, where)
+        if df.empty:
+            raise ValueError(f"pivot: no rows have {where}; fix: where= values the table holds")
+    if step is not None and STEP not in df.columns:
+        at_step(df, step)  # a table without recorded steps: its error says what to load
     if STEP in df.columns and STEP not in (x, y):
         if step is None and df[STEP].nunique() > 1:
             have = np.unique(df[STEP].to_numpy(np.int64))
@@ -419,11 +423,14 @@ def pivot(df: pd.DataFrame, x: str, y: str, value: str,
             raise ValueError(f"pivot: {others[0]} varies besides {x} and {y}; fix: "
                              f"where={{{others[0]!r}: value}} to pick one slice")
         df = aggregate(df, by=[c for c in (x, y) if c in df.columns])
-        if value not in df.columns and f"{value}_mean" in df.columns:
-            value = f"{value}_mean"
+    if value not in df.columns and f"{value}_mean" in df.columns:  # a metric: its mean
+        value = f"{value}_mean"
+    cols = [str(c) for c in df.columns]
+    known = cols + [c.removesuffix("_mean") for c in cols if c.endswith("_mean")]  # a metric
     for c in (x, y, value):
         if c not in df.columns:
-            raise KeyError(f"pivot: no column {c!r}; columns: {', '.join(df.columns)}")
+            raise KeyError(f"pivot: no column {c!r}{suggest(str(c), known)}; fix: one of "
+                           f"{', '.join(known[:12])}{' ...' if len(known) > 12 else ''}")
     if df.duplicated([x, y]).any():
         others = [a for a in setting_columns(df) if a not in (x, y)
                   and df[a].nunique(dropna=False) > 1]

@@ -46,7 +46,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from .analysis import STEP, at_step, setting_columns
+from .analysis import STEP, at_step, is_aggregate, setting_columns
 from .regimes import REGIME_ORDER
 from .settings import suggest
 
@@ -209,14 +209,29 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     recorded step is a slice key of its own, so the rows trace the boundary over time; ``step``
     (an int, a list or ``"last"``) keeps only those steps (:func:`phasebo.analysis.at_step`).
     """
+    if isinstance(between, str):  # the command line's form "A,B"
+        between = tuple(s.strip() for s in between.split(","))
     if len(between) != 2 or between[0] == between[1]:
         raise ValueError(f"between = {tuple(between)!r}: give two different regime names, e.g. "
                          "('benign', 'harmful')")
+    if is_aggregate(df):
+        raise ValueError("boundaries: this is an aggregate (one row per cell), but the fit needs "
+                         "one row per run, resampled by seed; fix: pass the runs table "
+                         "(pb.load(path)), not pb.aggregate's output")
+    for col, what in ((x, "x"), (y, "y")):
+        if col in (regime, "status"):
+            raise ValueError(f"boundaries: {what} = {col!r} is what the fit classifies; fix: "
+                             f"{what} names a swept setting (e.g. 'd', 'signal_norm')")
+    if x == y:
+        raise ValueError(f"boundaries: x and y are both {x!r}; fix: y names the slices, another "
+                         "setting than x")
     if regime == "regime":
         for r in between:
             if r not in REGIME_ORDER:
                 raise ValueError(f"between: {r!r} is not a regime{suggest(r, REGIME_ORDER)}; "
                                  f"regimes: {', '.join(REGIME_ORDER)}")
+    if step is not None and STEP not in df.columns:
+        at_step(df, step)  # a table without recorded steps: its error says what to load
     if STEP in df.columns:
         if step is not None:
             df = at_step(df, step)

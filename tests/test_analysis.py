@@ -200,3 +200,32 @@ def test_wilson_intervals_stay_in_zero_one():
     assert lo[0] == 0.0 and hi[2] == 1.0 and np.isnan(lo[3]) and np.isnan(hi[3])
     assert np.all((lo[:3] >= 0) & (hi[:3] <= 1) & (lo[:3] < hi[:3]))
     assert np.isnan(pb.wilson(0, 0)[0])
+
+
+def test_pivot_says_what_it_cannot_do_instead_of_returning_less():
+    """A ``where`` no row matches, a ``step`` on a table without recorded steps and a misspelt
+    value are errors (they returned an empty grid, the final step, a column dump); a metric's
+    name means its mean on an aggregate too."""
+    runs = synthetic_runs()
+    with pytest.raises(ValueError, match="no rows have"):
+        A.pivot(runs, "signal_norm", "d", "test_acc", where={"n": 40})
+    with pytest.raises(ValueError, match="no step column"):
+        A.pivot(runs, "signal_norm", "d", "test_acc", step=1000)
+    with pytest.raises(KeyError, match="did you mean 'test_acc'"):
+        A.pivot(runs, "signal_norm", "d", "test_ac")
+    cells = A.aggregate(runs)
+    g = A.pivot(cells, "signal_norm", "d", "test_acc")
+    assert g.loc[100, 5.0] == pytest.approx(np.mean([0.90, 0.96, 0.99]))
+
+
+def test_boundaries_refuses_an_aggregate_a_stepless_step_and_one_axis_twice():
+    runs = synthetic_runs()
+    with pytest.raises(ValueError, match="one row per run"):
+        pb.boundaries(A.aggregate(runs), "signal_norm", "d", ("benign", "harmful"))
+    with pytest.raises(ValueError, match="no step column"):
+        pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), step=500)
+    with pytest.raises(ValueError, match="x and y are both 'd'"):
+        pb.boundaries(runs, "d", "d", ("benign", "harmful"))
+    a = pb.boundaries(runs, "signal_norm", "d", "benign,harmful")  # the command line's form
+    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"))
+    pd.testing.assert_frame_equal(a, b)
