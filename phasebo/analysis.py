@@ -412,9 +412,10 @@ def pivot(df: pd.DataFrame, x: str, y: str, value: str,
     if STEP in df.columns and STEP not in (x, y):
         if step is None and df[STEP].nunique() > 1:
             have = np.unique(df[STEP].to_numpy(np.int64))
-            raise ValueError(f"pivot: the table holds {len(have)} recorded steps; fix: step=S "
-                             f"(one of {', '.join(map(str, have[:12]))}{' ...' if len(have) > 12 else ''}"
-                             ", or 'last')")
+            shown = ", ".join(map(str, have[:12])) + (" ..." if len(have) > 12 else "")
+            raise ValueError(f"the table holds {len(have)} recorded steps; fix: pick one, "
+                             f"pb.at_step(table, S) (or pivot's step=S), S one of {shown} or "
+                             "'last'")
         if step is not None:
             df = at_step(df, step)
     if not is_aggregate(df):

@@ -298,6 +298,10 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
             raise ConfigError(f"{where}unknown top-level key {key!r}{hint}; allowed: "
                               f"{', '.join(TOP_LEVEL_KEYS)}")
     name = str(raw.get("name", name))
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"{where}name = {name!r}: the sweep's name is its results directory's "
+                          "name, one path component; fix: e.g. name = \"my_sweep\" (--out picks "
+                          "another directory)")
     fixed: dict[str, Any] = {}
     axes: dict[str, list] = {}
     origin: dict[str, str] = {}

@@ -133,6 +133,7 @@ GOOD = '[settings]\nd = 64\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\n'
         (GOOD + '[plot]\nheatmaps = [{ x = "sig", y = "d" }]\n', [], ["x = 'sig'"]),
         (GOOD, ["--format", "gif"], ["--format"]),
         (GOOD, ["--devices", "0"], ["--devices = 0"]),
+        ('name = "../../up"\n' + GOOD, [], ["name = '../../up'", "one path component"]),
         (GOOD, ["--set", "signal_norm=[10, 40"], ["not a valid TOML list", "signal_norm=[10, 40]"]),
         ("", [], ["is empty", "[settings]"]),
         ("include = \"base.toml\"\n[settings]\nd = 5\n", [], ["bad.toml: include = 'base.toml'"]),
