@@ -499,8 +499,15 @@ def _run(sw, key, model, engine, program):
 
 def run_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     """One run (jitted, one compilation per program): ``RunOutput(final, dynamics, samples)``.
-    See :func:`prepare_one` for the arguments."""
+    See :func:`prepare_one` for the arguments. Recorded dynamics carry their ``step`` and
+    ``time`` (as the dynamics table's columns)."""
     jax = _jax()
     model, engine, program, sw, key = prepare_one(settings, seed=seed, key=key, **kw)
     fn = jax.jit(_run, static_argnames=("model", "engine", "program"))
-    return fn(sw, key, model=model, engine=engine, program=program)
+    out = fn(sw, key, model=model, engine=engine, program=program)
+    rec = model.recorded_steps(program)
+    if out.dynamics and "step" not in out.dynamics and rec:  # GD: the static recorded steps
+        step = np.asarray(rec, np.int32)
+        lr = float(sw["lr"]) if "lr" in sw else np.nan
+        out = out._replace(dynamics={**out.dynamics, "step": step, "time": step * lr})
+    return out
