@@ -281,6 +281,9 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
     """
     if len(df) == 0:
         raise ValueError("aggregate: the table is empty")
+    if is_aggregate(df):
+        raise ValueError("aggregate: this table is an aggregate already (one row per cell); fix: "
+                         "aggregate the runs table (pb.load(path))")
     if step is not None:
         df = at_step(df, step)
     over = list(over or [])
@@ -289,6 +292,10 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
     if STEP in df.columns and STEP not in by:
         by = [*by, STEP]
     metric_list = list(metric_columns(df) if metrics is None else metrics)
+    if "regime" in metric_list and metrics is not None:
+        raise ValueError("aggregate: regime is a category, not a metric: every aggregate has its "
+                         "per-cell fractions (frac_<regime>, with Wilson intervals) and majority "
+                         "(regime); fix: leave it out of metrics=")
     missing = [c for c in [*by, *over, *metric_list] if c not in df.columns]
     if missing:
         raise KeyError(f"aggregate: no column {missing[0]!r}; columns: {', '.join(df.columns)}")

@@ -63,7 +63,8 @@ def _setting(name: str, where: str) -> Setting:
         raise ConfigError(f"{where}{name!r} is set by the sweep itself; {hint}")
     if name == "seeds":
         raise ConfigError(f"{where}'seeds' is not a setting; fix: seeds = N at the top of the "
-                          "file, or --seeds N on the command line")
+                          "file, or --seeds N on the command line (in Python: spec_from_dict(..., "
+                          "seeds=N); run_one is one run, its seed= picks which)")
     if name not in table:
         raise ConfigError(f"{where}unknown setting {name!r}{suggest(name, table)}; see the "
                           "settings with `phasebo settings` (known: " + ", ".join(sorted(table))

@@ -229,3 +229,11 @@ def test_boundaries_refuses_an_aggregate_a_stepless_step_and_one_axis_twice():
     a = pb.boundaries(runs, "signal_norm", "d", "benign,harmful")  # the command line's form
     b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"))
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_aggregate_refuses_an_aggregate_and_the_regime_as_a_metric():
+    cells = A.aggregate(synthetic_runs())
+    with pytest.raises(ValueError, match="an aggregate already"):
+        A.aggregate(cells)
+    with pytest.raises(ValueError, match="regime is a category"):
+        A.aggregate(synthetic_runs(), metrics=["regime"])
