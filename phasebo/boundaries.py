@@ -59,6 +59,8 @@ THEORY_EXPONENTS = {
 }
 SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
                   "too_few")
+Z95 = NormalDist().inv_cdf(0.975)
+RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
 
 def bounded(lo, hi, log: bool = True):
@@ -66,8 +68,6 @@ def bounded(lo, hi, log: bool = True):
     interval reaching 0 there has no width to weigh or draw)."""
     lo, hi = np.asarray(lo, float), np.asarray(hi, float)
     return np.isfinite(lo) & np.isfinite(hi) & ((lo > 0) if log else True)
-Z95 = NormalDist().inv_cdf(0.975)
-RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
 
 def _fit(u: np.ndarray, yb: np.ndarray, w: np.ndarray, iters: int = 60):

@@ -110,6 +110,14 @@ def interrupt(proc) -> tuple:
     return code, time.monotonic() - sent
 
 
+def wait_until(proc, err, found, deadline: float, poll: float = 0.05) -> None:
+    """Poll ``proc``'s stderr ``err`` until ``found(err)``; fail if it exits or ``deadline``
+    (a ``time.monotonic()`` value) passes first."""
+    while not found(err):
+        assert proc.poll() is None and time.monotonic() < deadline, err.decode()
+        time.sleep(poll)
+
+
 def reap(proc, reader) -> None:
     """Kill ``proc`` if it still runs; close its stderr reader."""
     if proc.poll() is None:
@@ -182,14 +190,11 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
                                  str(out), "--no-plots"], env)
     try:
         deadline = time.monotonic() + 240
-        while not re.search(rb"\b[1-9]\d*/256 \[", err):  # a block done: the next computes
-            assert proc.poll() is None and time.monotonic() < deadline, err.decode()
-            time.sleep(0.05)
+        # a block done: the next computes
+        wait_until(proc, err, lambda e: re.search(rb"\b[1-9]\d*/256 \[", e), deadline)
         time.sleep(1.0)  # past the chunk's writes (milliseconds): the next chunk computes
         proc.send_signal(signal.SIGINT)
-        while b"Ctrl-C again" not in err:
-            assert proc.poll() is None and time.monotonic() < deadline, err.decode()
-            time.sleep(0.05)
+        wait_until(proc, err, lambda e: b"Ctrl-C again" in e, deadline)
         code, took = interrupt(proc)
     finally:
         reap(proc, reader)
@@ -213,10 +218,8 @@ def test_ctrl_c_while_a_program_compiles_stops_when_it_is_ready(tmp_path):
     proc, err, reader = started([sys.executable, "-m", "phasebo", "sweep", str(f), "--out",
                                  str(out), "--no-plots"], env)
     try:
-        deadline = time.monotonic() + 240
-        while b"compiling group 1/1" not in err:
-            assert proc.poll() is None and time.monotonic() < deadline, err.decode()
-            time.sleep(0.02)
+        wait_until(proc, err, lambda e: b"compiling group 1/1" in e, time.monotonic() + 240,
+                   poll=0.02)
         code, took = interrupt(proc)
     finally:
         reap(proc, reader)

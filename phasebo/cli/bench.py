@@ -50,8 +50,8 @@ def build_parser(prog: str = "python -m phasebo.bench") -> argparse.ArgumentPars
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    p = build_parser(prog or "python -m phasebo.bench")
-    args = p.parse_args(argv)
+    args = (build_parser(prog) if prog else build_parser()).parse_args(argv)
+    cmd = prog or "phasebo.bench"  # as the errors name the command
     from .xla import tune_xla_cpu
 
     tune_xla_cpu()  # as the sweep command does
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.precision and "precision" not in sections:
         sections.append("precision")
     if args.steps is not None and args.steps < 1:
-        print(f"{prog or 'phasebo.bench'}: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
+        print(f"{cmd}: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
         return 2
     if args.heatmap and "heatmap" not in sections:
         sections.append("heatmap")
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         sections = list(SECTIONS)
     bad = [x for x in sections if x not in SECTIONS]
     if bad:
-        print(f"{prog or 'phasebo.bench'}: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
+        print(f"{cmd}: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
               "all", file=sys.stderr)
         return 2
     devs = jax.local_devices()
