@@ -172,7 +172,7 @@ class Recorder(NamedTuple):
 def run_loop(state, step: Callable, final: Callable, steps: int, record_at, record_fn, *,
              margin_fn: Callable, batch: Batch, relevant: Callable | None, dtype,
              view: Callable | None = None, unroll: int = 1, seen: Callable | None = None,
-             mid_margin: Callable | None = None):
+             mid_margin: Callable | None = None, trip: tuple[int, Callable] | None = None):
     """``steps`` GD steps (full-batch, or minibatches: ``seen``) with the shared bookkeeping.
 
     ``step(state) -> (now, new, (f, s, a), finite)``: ``now`` is the state at this step (as the
@@ -187,6 +187,9 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
     when it was last in a batch, read from the new state; the first-fit bookkeeping uses it.
     ``mid_margin(now) -> (n,)``: the margins of the full training set at the middle step (the
     regime's trend needs every sample's current margin, which a batch does not give).
+    ``trip = (k, flush)``: the loop runs ``k`` steps per compiled trip and applies ``flush(state)``
+    (which must not change what the state means) after each trip and after the last step (W + p
+    adds its pending updates to Gamma there: :func:`phasebo.engines.span.span_w_system`).
 
     Returns ``(now, (f, s, a), LoopState)`` at the last step.
     """
@@ -197,7 +200,7 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
                    jnp.asarray(-1, jnp.int32), buf, jnp.asarray(jnp.nan, dtype))
     mid = steps // 2
 
-    def body(carry, t):
+    def one(carry, t):
         state, ls = carry
         now, new, (f, s, a), finite = step(state)
         if isinstance(finite, tuple):  # (the previous step's update, this step)
@@ -212,11 +215,29 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
             ls = ls._replace(margin_mid=jax.lax.cond(
                 t == mid, lambda: jnp.min(mid_margin(now)).astype(dtype), lambda: ls.margin_mid))
         ls = ls._replace(buf=rec.write(ls.buf, t, now, f, s, a))
-        return (new, ls.check(t, finite)), None
+        return new, ls.check(t, finite)
 
-    if steps:
-        (state, ls), _ = jax.lax.scan(body, (state, ls), jnp.arange(steps, dtype=jnp.int32),
-                                      unroll=max(1, min(unroll, steps)))
+    if trip is None:
+        if steps:
+            (state, ls), _ = jax.lax.scan(lambda c, t: (one(c, t), None), (state, ls),
+                                          jnp.arange(steps, dtype=jnp.int32),
+                                          unroll=max(1, min(unroll, steps)))
+    else:  # k steps per trip, flushed at its end (a static place: no branch per step)
+        k, flush = trip
+
+        def body(carry, t0):  # the k steps as a loop of their own: a step this heavy (an
+            # N x N matrix per run) gains nothing from unrolling, and each copy costs compile time
+            carry, _ = jax.lax.scan(lambda c, t: (one(c, t), None), carry,
+                                    t0 + jnp.arange(k, dtype=jnp.int32))
+            return (flush(carry[0]), carry[1]), None
+
+        trips = steps // k
+        if trips:
+            (state, ls), _ = jax.lax.scan(body, (state, ls),
+                                          k * jnp.arange(trips, dtype=jnp.int32))
+        for t in range(trips * k, steps):
+            state, ls = one((state, ls), jnp.asarray(t, jnp.int32))
+        state = flush(state)
     now, (f, s, a), loss, *previous = final(state)
     t = jnp.asarray(steps, jnp.int32)
     if previous:

@@ -117,10 +117,10 @@ def test_w_and_p_span_state_is_checked_by_the_next_forward_pass(x64):
     B = jr.normal(jr.PRNGKey(0), (N, 7), jnp.float64)
     y = jnp.asarray([1.0, -1.0, 1.0])
     prob = SpanWProblem(None, None, B @ B.T, B @ B.T, jnp.ones((n, T)), None)
-    state0, step, final, _ = span_w_system(prob, y, 0.1)
+    state0, step, final, _, _ = span_w_system(prob, y, 0.1)
     alpha = jnp.linspace(-1.0, 1.0, N)
     for bad, ok in ((jnp.inf, False), (jnp.nan, False), (1.0, True)):
-        state = (alpha, jnp.zeros((N, N)).at[3, 5].set(bad), jnp.ones(()))
+        state = state0._replace(alpha=alpha, Gamma=jnp.zeros((N, N)).at[3, 5].set(bad))
         assert bool(step(state)[3][0]) is ok and bool(final(state)[3]) is ok
 
     def toy(steps_bad):  # the update of step `steps_bad` is non-finite, seen one step later
@@ -140,6 +140,32 @@ def test_w_and_p_span_state_is_checked_by_the_next_forward_pass(x64):
         return int(ls.diverge)
 
     assert toy(2) == 2 and toy(4) == 4 and toy(9) == -1
+
+
+@pytest.mark.parametrize("wd", [None, 0.3])
+def test_w_and_p_pending_updates_are_the_same_steps(x64, wd):
+    """Gamma's rank-one updates kept as factors for 8 steps and added at once give the step-by-step
+    trajectory (one update a step) to rounding in float64, with and without weight decay, at
+    every step (a flush at steps 8 and 16, factors pending at the others)."""
+    n, T = 3, 4
+    N = n * T
+    B = jr.normal(jr.PRNGKey(1), (N, 7), jnp.float64)
+    C = jr.normal(jr.PRNGKey(2), (N, 9), jnp.float64)
+    y = jnp.asarray([1.0, -1.0, 1.0])
+    prob = SpanWProblem(None, None, B @ B.T, C @ C.T, jr.normal(jr.PRNGKey(3), (n, T)), None)
+    runs = [span_w_system(prob, y, 0.5, wd, pending=k) for k in (1, 8)]
+    states = [r[0] for r in runs]
+    for t in range(20):
+        outs = [r[1](st) for r, st in zip(runs, states)]
+        states = [o[1] for o in outs]
+        states = [r[4][1](st) if int(st.j) == r[4][0] else st for r, st in zip(runs, states)]
+        f1, f8 = outs[0][2][0], outs[1][2][0]
+        assert float(jnp.max(jnp.abs(f1 - f8))) < 1e-12, t
+        gammas = [st.s * st.Gamma + st.Cb.T @ st.Ab for st in states]
+        assert float(jnp.max(jnp.abs(gammas[0] - gammas[1]))) < 1e-12, t
+        assert float(jnp.max(jnp.abs(states[0].alpha - states[1].alpha))) < 1e-12, t
+    assert int(states[1].j) == 20 % 8 and int(states[0].j) == 0
+    assert float(jnp.max(jnp.abs(gammas[0]))) > 1e-3  # the updates did something
 
 
 @pytest.mark.parametrize("rule", ["weight_decay", pytest.param("project", marks=pytest.mark.slow)])

@@ -159,8 +159,9 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
             state0, field, view, static, sw, record_fn, margin_fn=margin_fn, batch=batch,
             relevant=relevant, dtype=dtype)
     else:
+        trip = None
         if isinstance(prob, SpanWProblem):
-            state0, step, final, view = span_w_system(prob, batch.y, sw["lr"], wd)
+            state0, step, final, view, trip = span_w_system(prob, batch.y, sw["lr"], wd)
         else:
             project = getattr(static, "project", False)
             state0, step, final, view = span_system(
@@ -170,7 +171,7 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
         now, (f, s, a), ls = run_loop(
             state0, step, final, static.steps, model.recorded_steps(static), record_fn,
             margin_fn=margin_fn, batch=batch, relevant=relevant, dtype=dtype, view=view,
-            unroll=UNROLL)
+            unroll=UNROLL, trip=trip)
     final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed)
     samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw, ls.first_fit)
     return RunOutput(final_metrics, ls.buf, samples)

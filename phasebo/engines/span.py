@@ -35,7 +35,9 @@ lr (g_t c_t + Gamma_t^T K c_t)]`` and ``W_{t+1} = (1 - lr lambda) W_t - lr X^T c
 i.e. ``Gamma_{t+1} = (1 - lr lambda) Gamma_t - lr c_t alpha_t^T``, ``g_{t+1} = (1 - lr lambda) g_t``.
 The logits are ``a = X W p = g G alpha + K Gamma G alpha`` with ``K = X X^T`` and
 ``G = (X W_0)(X W_0)^T``. The state is an ``N``-vector and an ``N x N`` matrix; per step five
-``N x N`` products and a rank-one update replace the direct engine's ``O(d^2)`` work on W.
+``N x N`` products and a rank-one update replace the direct engine's ``O(d^2)`` work on W. The
+rank-one updates are kept as factors and added to Gamma a few at a time (:class:`WState`), so
+Gamma is read twice per step and written once per few steps.
 Building ``K, G`` (and, for the metrics, ``X W_0`` and ``W_0 W_0^T X^T``) costs ``O(N d^2)`` once.
 
 **Noise shared along an axis** (:class:`LowRank`). The tokens are noise plus a signal on
@@ -307,18 +309,73 @@ def span_field(prob: SpanProblem, y, weight_decay=None):
     return SpanCoef(zeros, zeros if head else None, one, one if head else None), field, view
 
 
-def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
-    """``(state0, step, final, view)`` of prompt attention with W trained (module docstring)."""
+class WState(NamedTuple):
+    """GD's state of prompt attention with W trained: ``Gamma_t = s Gamma + Cb^T Ab``, the last
+    ``j`` rank-one updates kept as factors (rows ``Cb[i] = -lr c_i``, ``Ab[i] = alpha_i``, the rows
+    after ``j`` zero) and added into ``Gamma`` every :data:`PENDING` steps (see
+    :func:`span_w_system`)."""
+
+    alpha: jax.Array
+    Gamma: jax.Array
+    g: jax.Array
+    s: jax.Array
+    Cb: jax.Array
+    Ab: jax.Array
+    j: jax.Array
+
+
+# Rank-one updates of Gamma kept as factors before one rank-PENDING update adds them. Each update
+# read and wrote the N x N Gamma of every run, a quarter of a W + p step (profiled); the factors
+# cost a few fused (PENDING x N) products per step instead. Measured on one core (d 1000, two noise
+# groups of 39 runs, 1000 steps, interleaved): 55-67 runs/s updating every step, 93-121 with 4
+# pending, 68-107 with 8 and 43-100 with 16.
+PENDING = 4
+
+
+def gamma_dot(state, u):
+    """``Gamma u`` of a W + p state (:class:`WState`, or ``(alpha, Gamma, g)`` of the flow)."""
+    if isinstance(state, WState):  # the factors' products as multiply-and-sum: XLA fuses them,
+        # where a batched (8 x N) dot per run is a slow library call on CPU (measured)
+        return state.s * (state.Gamma @ u) + _rows_t(state.Cb, _rows(state.Ab, u))
+    return state[1] @ u
+
+
+def gamma_t_dot(state, w):
+    """``Gamma^T w`` of a W + p state (:func:`gamma_dot`)."""
+    if isinstance(state, WState):
+        return state.s * (w @ state.Gamma) + _rows_t(state.Ab, _rows(state.Cb, w))
+    return w @ state[1]
+
+
+def _rows(M, v):  # M v for a few rows M
+    return jnp.sum(M * v[..., None, :], axis=-1)
+
+
+def _rows_t(M, r):  # M^T r for a few rows M
+    return jnp.sum(M * r[..., :, None], axis=-2)
+
+
+def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None, pending: int = PENDING):
+    """``(state0, step, final, view, trip)`` of prompt attention with W trained (module
+    docstring).
+
+    Gamma's rank-one update ``-lr c_t alpha_t^T`` is kept as factors for ``pending`` steps and
+    then added at once (:class:`WState`): ``Gamma u`` and ``Gamma^T w`` add the factors' part,
+    ``Cb^T (Ab u)``, so every step sees the same ``Gamma_t``; with weight decay the scale ``s``
+    and the factors shrink by ``1 - lr lambda`` per step. ``trip = (pending, flush)`` for
+    :func:`phasebo.train.run_loop`, which flushes after every ``pending`` steps at a static place
+    in its loop (a branch on the step count inside the step cost more than it saved)."""
     K, G, h0 = prob.K, prob.G, prob.h0
     n, T = h0.shape
     N = n * T
     dtype = h0.dtype
     decay = None if weight_decay is None else lr * weight_decay
+    k = max(1, int(pending))
 
     def forward(state):
-        alpha, Gamma, g = state
+        alpha, g = state[0], state[2]
         u = gram_dot(alpha, G)
-        v = Gamma @ u
+        v = gamma_dot(state, u)
         a = (g * u + gram_dot(v, K)).reshape(n, T)
         s, f = _softmax_out(a, h0)
         # Gamma is finite iff Gamma u is, for a finite u: a non-finite entry of row i makes
@@ -327,24 +384,28 @@ def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
         gamma_ok = jnp.all(jnp.isfinite(v)) | ~jnp.all(jnp.isfinite(u))
         return a, s, f, gamma_ok
 
+    def flush(st):
+        # one pass over Gamma: the rank-k sum fused into it (a dot would write it apart)
+        update = jnp.sum(st.Cb[..., :, :, None] * st.Ab[..., :, None, :], axis=-3)
+        return st._replace(Gamma=st.s * st.Gamma + update, s=jnp.ones_like(st.s),
+                           Cb=jnp.zeros_like(st.Cb), Ab=jnp.zeros_like(st.Ab),
+                           j=jnp.zeros_like(st.j))
+
     def step(state):
-        alpha, Gamma, g = state
+        alpha, g = state.alpha, state.g
         a, s, f, gamma_ok = forward(state)
         _, c = _grad_logits(y, h0, s, f, n)
         c = c.reshape(-1)
-        Kc = gram_dot(c, K)
-        if decay is not None:
-            new_alpha = (1 - decay) * alpha - lr * (g * c + Gamma.T @ Kc)
-            new_Gamma = (1 - decay) * Gamma - lr * jnp.outer(c, alpha)
-            new_g = (1 - decay) * g
-        else:
-            new_alpha = alpha - lr * (g * c + Gamma.T @ Kc)
-            new_Gamma = Gamma - lr * jnp.outer(c, alpha)
-            new_g = g
-        # new_Gamma is checked by the next forward pass (gamma_ok there), for the step that made
-        # it (phasebo.train.run_loop): a run diverges at the same step as if it were read here
-        finite = jnp.all(jnp.isfinite(f)) & jnp.all(jnp.isfinite(new_alpha))
-        return state, (new_alpha, new_Gamma, new_g), (f, s, a), (gamma_ok, finite)
+        z = gamma_t_dot(state, gram_dot(c, K))
+        keep = 1 if decay is None else 1 - decay
+        Cb = jax.lax.dynamic_update_index_in_dim(keep * state.Cb, -lr * c, state.j, 0)
+        Ab = jax.lax.dynamic_update_index_in_dim(state.Ab, alpha, state.j, 0)
+        new = WState(keep * alpha - lr * (g * c + z), state.Gamma, keep * g, keep * state.s,
+                     Cb, Ab, state.j + 1)
+        # the new Gamma is checked by the next forward pass (gamma_ok there), for the step that
+        # made it (phasebo.train.run_loop): a run diverges at the same step as if it were read here
+        finite = jnp.all(jnp.isfinite(f)) & jnp.all(jnp.isfinite(new.alpha))
+        return state, new, (f, s, a), (gamma_ok, finite)
 
     def final(state):
         a, s, f, gamma_ok = forward(state)
@@ -354,15 +415,18 @@ def span_w_system(prob: SpanWProblem, y, lr, weight_decay=None):
         a, s, f, _ = forward(state)
         return f, s, a
 
-    state0 = (jnp.zeros(N, dtype), jnp.zeros((N, N), dtype), jnp.ones((), dtype))
-    return state0, step, final, view
+    one = jnp.ones((), dtype)
+    state0 = WState(jnp.zeros(N, dtype), jnp.zeros((N, N), dtype), one, one,
+                    jnp.zeros((k, N), dtype), jnp.zeros((k, N), dtype), jnp.zeros((), jnp.int32))
+    return state0, step, final, view, (k, flush)
 
 
 def span_w_field(prob: SpanWProblem, y, weight_decay=None):
     """``(state0, field, view)`` of the gradient flow of prompt attention with W trained, in the
     coordinates of :func:`span_w_system`: ``alpha' = -(g c + Gamma^T K c) - lambda alpha``,
     ``Gamma' = -c alpha^T - lambda Gamma``, ``g' = -lambda g`` (GD's steps are its Euler steps)."""
-    state0, _, _, view = span_w_system(prob, y, jnp.ones((), prob.h0.dtype), weight_decay)
+    state0, _, _, view, _ = span_w_system(prob, y, jnp.ones((), prob.h0.dtype), weight_decay)
+    state0 = (state0.alpha, state0.Gamma, state0.g)  # no pending updates in a flow
     K, h0 = prob.K, prob.h0
     n = h0.shape[0]
 

@@ -32,7 +32,7 @@ from ..data import (
     sakamoto_sample,
     signal_pattern,
 )
-from ..engines.span import SpanProblem, SpanWProblem, gram_dot, signal_gram
+from ..engines.span import SpanProblem, SpanWProblem, gamma_dot, gram_dot, signal_gram
 from ..metrics import attend, query_metrics
 from ..settings import INIT, PROJECT, TEST_MODE, WEIGHT_DECAY, ConfigError, Setting
 from ..train import dtype_of
@@ -280,10 +280,10 @@ class PromptAttentionModel(Model):
             return Ef.T @ v + embed_signal(S12.T @ v, d)
 
         def params(state):
-            alpha, Gamma, g = state
+            alpha, g = state[0], state[2]
             p = XT(alpha) if W0 is None else EW.T @ alpha + (S12.T @ alpha) @ W12  # (X W_0)^T alpha
             Wp = p if W0 is None else W0 @ p  # W_0 W_0^T X^T alpha, never formed as d x N
-            q = g * Wp + XT(Gamma @ gram_dot(alpha, G))
+            q = g * Wp + XT(gamma_dot(state, gram_dot(alpha, G)))
             return PromptQuery(p=p, q=q, nu=nu)
 
         K = signal_gram(Ef, S0, sw["signal_norm"])
