@@ -127,7 +127,8 @@ def count_compiles():
 @dataclasses.dataclass
 class Stats:
     n_new: int = 0
-    compile_s: float = 0.0
+    compile_s: float = 0.0  # waited for compiling
+    compile_beside_s: float = 0.0  # compiled beside the runs (not waited for)
     run_s: float = 0.0
     chunks: int = 0
     stopped: bool = False
@@ -275,13 +276,17 @@ class Executor:
     def _chunk_loop(self, spec, n_dev, active, parts, stats, bar, max_chunks, interrupted) -> None:
         """Compile each group, then run its chunks, writing every chunk's parts as it finishes
         and sizing the next chunk by the time this one took."""
+        ahead = None  # the next group's compile, started beside this group's runs
         try:
             for k, (g, n_todo, lowered, width, stream) in enumerate(active):
                 unit = g.block * n_dev
                 block = f"{g.block}" if g.members == 1 else \
                     f"{g.block} noise group(s) of {g.members} runs"
-                bar.say(f"compiling group {k + 1}/{len(active)}: {g.label}, {n_todo} runs, block "
-                        f"{block} x {n_dev} device(s), first chunk {g.width}")
+                ready = ahead is not None and ahead.done.is_set()
+                bar.say(f"{'group' if ready else 'compiling group'} {k + 1}/{len(active)}: "
+                        f"{g.label}, {n_todo} runs, block {block} x {n_dev} device(s), first chunk "
+                        f"{g.width}" + (" (compiled beside the previous group's runs)"
+                                        if ready else ""))
                 if interrupted.stop:
                     raise KeyboardInterrupt
                 t = time.perf_counter()
@@ -290,12 +295,22 @@ class Executor:
                 # crash at exit), a first one stops the sweep when it returns
                 interrupted.compiling = True
                 try:
-                    compiled = _in_worker(self.compile, g, lowered, n_dev)
+                    if ahead is None:
+                        compiled = _in_worker(self.compile, g, lowered, n_dev)
+                    else:
+                        compiled = ahead.result()
+                        stats.compile_beside_s += max(0.0, ahead.seconds
+                                                      - (time.perf_counter() - t))
+                        ahead = None
                 finally:
                     interrupted.compiling = False
                 stats.compile_s += time.perf_counter() - t
                 if interrupted.stop:
                     raise KeyboardInterrupt
+                if k + 1 < len(active):  # compiling takes a core while the runs take both: on
+                    # 2 cores the next program is ready for ~2/3 of the time the runs lose
+                    nxt = active[k + 1]
+                    ahead = _Background(self.compile, nxt[0], nxt[2], n_dev)
                 bar.resume()
                 for item in stream:
                     if interrupted.stop:
@@ -336,6 +351,11 @@ class Executor:
                     stats.run_s += time.perf_counter() - t
             if interrupted.stop:
                 raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            # a compile still running in its (non-daemon) thread: the command leaves with
+            # os._exit once everything is saved; Python waits for it at a normal exit
+            e.compile_in_flight = ahead is not None and not ahead.done.is_set()
+            raise
         finally:
             bar.close()
 
@@ -393,6 +413,36 @@ def _in_worker(fn: Callable, *args):
     if "err" in box:
         raise box["err"]
     return box["out"]
+
+
+class _Background:
+    """``fn(*args)`` started in a thread of its own (a compile beside the runs). The thread is
+    not a daemon: an interpreter that exits waits for it rather than tearing JAX down under a
+    running compile. :meth:`result` waits in short sleeps, as :func:`_in_worker`."""
+
+    def __init__(self, fn: Callable, *args):
+        self.box: dict = {}
+        self.done = threading.Event()
+        self.seconds = 0.0
+
+        def work():
+            t = time.perf_counter()
+            try:
+                self.box["out"] = fn(*args)
+            except BaseException as e:  # handed to the waiting thread
+                self.box["err"] = e
+            finally:
+                self.seconds = time.perf_counter() - t
+                self.done.set()
+
+        threading.Thread(target=work, name="phasebo-compile").start()
+
+    def result(self):
+        while not self.done.wait(0.1):
+            pass
+        if "err" in self.box:
+            raise self.box["err"]
+        return self.box["out"]
 
 
 class SigintLatch:

@@ -29,8 +29,8 @@ from .settings import ConfigError
 TABLES = ("results.parquet", "results.csv", "dynamics.parquet", "samples.parquet")
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".html")  # what a sweep draws into its directory
 HISTORY_KEYS = ("invocation", "subset", "started", "finished", "interrupted", "command",
-                "new_runs", "wall_s", "compile_s", "run_s", "phasebo_version", "git_commit",
-                "host", "platform", "device_count")
+                "new_runs", "wall_s", "compile_s", "compile_beside_s", "run_s", "phasebo_version",
+                "git_commit", "host", "platform", "device_count")
 # manifest keys that describe the directory, not an invocation's provenance (an interruption is
 # one invocation's: its history entry says it)
 NOT_PROVENANCE = ("name", "n_runs", "spec", "history", "subset", "tables_spec", "tables_n_runs",

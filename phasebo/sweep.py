@@ -96,6 +96,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                         wall_s=round(time.time() - t_start, 3),
                         new_runs=done.n_new if done else 0,
                         compile_s=round(done.compile_s if done else 0.0, 3),
+                        compile_beside_s=round(done.compile_beside_s if done else 0.0, 3),
                         run_s=round(done.run_s if done else 0.0, 3))
             write_manifest(out_dir, spec, prov)
         lost = "" if not isinstance(e, Abandoned) else " (the compile in progress was given up)" \
@@ -127,7 +128,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     t_write = time.perf_counter() - t
     wall = time.time() - t_start
     prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=round(wall, 3),
-                compile_s=round(stats.compile_s, 3), run_s=round(stats.run_s, 3),
+                compile_s=round(stats.compile_s, 3),
+                compile_beside_s=round(stats.compile_beside_s, 3), run_s=round(stats.run_s, 3),
                 tables_figures_s=round(t_write, 3), new_runs=stats.n_new)
     write_manifest(out_dir, spec, prov)
     report_txt = ""
@@ -148,8 +150,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         regimes = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
         rate = stats.n_new / stats.run_s if stats.run_s > 0 else 0.0
         rate_txt = (f"{rate:.0f} runs/s" if rate >= 10 else f"{rate:.2g} runs/s") if rate else "-"
+        beside = (f" (and {stats.compile_beside_s:.1f} s beside the runs)"
+                  if stats.compile_beside_s >= 0.05 else "")
         print(f"{spec.name}: {stats.n_new} new runs ({len(df)} in the table); compile "
-              f"{stats.compile_s:.1f} s, run {stats.run_s:.1f} s ({rate_txt}), tables and "
+              f"{stats.compile_s:.1f} s{beside}, run {stats.run_s:.1f} s ({rate_txt}), tables and "
               f"figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "
               f"device(s); regimes: {regimes}"
               + (" (fitting: still fitting its flipped labels at the horizon)"

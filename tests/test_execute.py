@@ -33,6 +33,9 @@ def test_each_program_is_traced_once_over_many_chunks(tmp_path):
               executor=ex)
     assert len(ex.traces) == 2  # d = 40 and d = 64: two programs on the direct engine
     assert set(ex.traces.values()) == {1} and set(ex.compiles.values()) == {1}
+    # the second program compiled in a thread of its own while the first one's chunks ran
+    entry = json.loads((tmp_path / "o" / "manifest.json").read_text())["history"][-1]
+    assert entry["compile_beside_s"] > 0, entry
     # the same sweep again (a new directory, a new executor) reuses both programs: JAX traces
     # and compiles nothing at all
     again = Executor()
@@ -205,18 +208,43 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
     assert len(done) < 256 and len(np.unique(done)) == len(done)
 
 
+def cold_sweep(tmp_path, text: str) -> tuple:
+    """``(argv, env, out)`` of ``phasebo sweep`` on a file of ``text`` with an empty compilation
+    cache of its own."""
+    f = tmp_path / "sweep.toml"
+    f.write_text(text)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(JAX_PLATFORMS="cpu", MPLBACKEND="Agg", PHASEBO_CACHE=str(tmp_path / "cache"))
+    return [sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out), "--no-plots"], \
+        env, out
+
+
+def test_ctrl_c_beside_the_next_programs_compile_exits_at_once(tmp_path):
+    """SIGINT while the first group's runs compute and the second group's program compiles
+    beside them (an empty compilation cache): the chunk is saved and the command exits 130
+    within 5 s without waiting for that compile and without a crash."""
+    argv, env, out = cold_sweep(tmp_path, 'name = "two"\nseeds = 150\n[settings]\nmodel = '
+                                '"prompt_attention"\ntrain = ["p", "W"]\nsteps = 2000\nn_test = '
+                                '100\n[axes]\nd = [100, 2600]\n')
+    code, took, text, counted = sigint_when_counted(argv, env, 300)
+    assert code == 130 and took <= 5.0, (code, took, text)
+    assert "Traceback" not in text and "Fatal Python error" not in text, text
+    assert "compiling group 2/2" not in text and "group 2/2" not in text, text  # still group 1
+    done = done_run_ids(out / "parts")
+    assert counted <= len(done) <= 150 and len(np.unique(done)) == len(done)
+    entry = json.loads((out / "manifest.json").read_text())["history"][-1]
+    assert entry["interrupted"] is True and entry["new_runs"] == len(done), entry
+
+
 def test_ctrl_c_while_a_program_compiles_stops_when_it_is_ready(tmp_path):
     """SIGINT while the first program compiles (an empty compilation cache): the compile is not
     cut half way (that made the process crash at exit, code 139); the sweep says it stops once
     the program is ready, then exits 130 with nothing run."""
-    f = tmp_path / "c.toml"
-    f.write_text('name = "c"\nseeds = 4\n[settings]\nmodel = "prompt_attention"\nsteps = 1234\n'
-                 'n_test = 100\n[axes]\nd = [250, 4000]\n')
-    out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    env.update(JAX_PLATFORMS="cpu", MPLBACKEND="Agg", PHASEBO_CACHE=str(tmp_path / "cache"))
-    proc, err, reader = started([sys.executable, "-m", "phasebo", "sweep", str(f), "--out",
-                                 str(out), "--no-plots"], env)
+    argv, env, out = cold_sweep(tmp_path, 'name = "c"\nseeds = 4\n[settings]\nmodel = '
+                                '"prompt_attention"\nsteps = 1234\nn_test = 100\n[axes]\n'
+                                'd = [250, 4000]\n')
+    proc, err, reader = started(argv, env)
     try:
         wait_until(proc, err, lambda e: b"compiling group 1/1" in e, time.monotonic() + 240,
                    poll=0.02)

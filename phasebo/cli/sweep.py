@@ -285,7 +285,13 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(130)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if getattr(e, "compile_in_flight", False):
+            # the next group's program still compiling beside the stopped runs: everything is
+            # saved, so leave now rather than wait for it
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(130)
         return 130
     return 0
 
