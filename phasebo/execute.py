@@ -307,8 +307,9 @@ class Executor:
                 stats.compile_s += time.perf_counter() - t
                 if interrupted.stop:
                     raise KeyboardInterrupt
-                if k + 1 < len(active):  # compiling takes a core while the runs take both: on
-                    # 2 cores the next program is ready for ~2/3 of the time the runs lose
+                if k + 1 < len(active):  # the compile and the runs share the cores, so this
+                    # saves less than the compile takes (the trained-W map, 39 programs on 2
+                    # cores: 445 -> 408 s whole process)
                     nxt = active[k + 1]
                     ahead = _Background(self.compile, nxt[0], nxt[2], n_dev)
                 bar.resume()
@@ -396,31 +397,16 @@ def _in_worker(fn: Callable, *args):
     """``fn(*args)`` in a daemon thread while this (main) thread waits in short sleeps, so a signal
     handler runs within ~0.1 s even while a compiled block computes for minutes (a C call in
     the main thread would hold it off until the block returns). Re-raises what ``fn`` raised."""
-    box: dict = {}
-    done = threading.Event()
-
-    def work():
-        try:
-            box["out"] = fn(*args)
-        except BaseException as e:  # handed to the waiting thread
-            box["err"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=work, daemon=True, name="phasebo-chunk").start()
-    while not done.wait(0.1):
-        pass
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
+    return _Background(fn, *args, daemon=True).result()
 
 
 class _Background:
-    """``fn(*args)`` started in a thread of its own (a compile beside the runs). The thread is
-    not a daemon: an interpreter that exits waits for it rather than tearing JAX down under a
-    running compile. :meth:`result` waits in short sleeps, as :func:`_in_worker`."""
+    """``fn(*args)`` started in a thread of its own (a compile beside the runs, or a chunk:
+    :func:`_in_worker`). A compile's thread is not a daemon: an interpreter that exits waits for
+    it rather than tearing JAX down under a running compile. :meth:`result` waits in short
+    sleeps, so signal handlers run meanwhile."""
 
-    def __init__(self, fn: Callable, *args):
+    def __init__(self, fn: Callable, *args, daemon: bool = False):
         self.box: dict = {}
         self.done = threading.Event()
         self.seconds = 0.0
@@ -435,7 +421,8 @@ class _Background:
                 self.seconds = time.perf_counter() - t
                 self.done.set()
 
-        threading.Thread(target=work, name="phasebo-compile").start()
+        threading.Thread(target=work, daemon=daemon,
+                         name="phasebo-chunk" if daemon else "phasebo-compile").start()
 
     def result(self):
         while not self.done.wait(0.1):

@@ -217,26 +217,28 @@ def run_loop(state, step: Callable, final: Callable, steps: int, record_at, reco
         ls = ls._replace(buf=rec.write(ls.buf, t, now, f, s, a))
         return new, ls.check(t, finite)
 
+    def scanned(carry, t):
+        return one(carry, t), None
+
     if trip is None:
         if steps:
-            (state, ls), _ = jax.lax.scan(lambda c, t: (one(c, t), None), (state, ls),
-                                          jnp.arange(steps, dtype=jnp.int32),
+            (state, ls), _ = jax.lax.scan(scanned, (state, ls), jnp.arange(steps, dtype=jnp.int32),
                                           unroll=max(1, min(unroll, steps)))
     else:  # k steps per trip, flushed at its end (a static place: no branch per step)
         k, flush = trip
 
         def body(carry, t0):  # the k steps as a loop of their own: a step this heavy (an
             # N x N matrix per run) gains nothing from unrolling, and each copy costs compile time
-            carry, _ = jax.lax.scan(lambda c, t: (one(c, t), None), carry,
-                                    t0 + jnp.arange(k, dtype=jnp.int32))
+            carry, _ = jax.lax.scan(scanned, carry, t0 + jnp.arange(k, dtype=jnp.int32))
             return (flush(carry[0]), carry[1]), None
 
         trips = steps // k
         if trips:
             (state, ls), _ = jax.lax.scan(body, (state, ls),
                                           k * jnp.arange(trips, dtype=jnp.int32))
-        for t in range(trips * k, steps):
-            state, ls = one((state, ls), jnp.asarray(t, jnp.int32))
+        if steps > trips * k:  # the last steps % k, one loop (not a copy of the step each)
+            (state, ls), _ = jax.lax.scan(scanned, (state, ls),
+                                          jnp.arange(trips * k, steps, dtype=jnp.int32))
         state = flush(state)
     now, (f, s, a), loss, *previous = final(state)
     t = jnp.asarray(steps, jnp.int32)

@@ -335,7 +335,7 @@ PENDING = 4
 def gamma_dot(state, u):
     """``Gamma u`` of a W + p state (:class:`WState`, or ``(alpha, Gamma, g)`` of the flow)."""
     if isinstance(state, WState):  # the factors' products as multiply-and-sum: XLA fuses them,
-        # where a batched (8 x N) dot per run is a slow library call on CPU (measured)
+        # where a batched (PENDING x N) dot per run is a slow library call on CPU (measured)
         return state.s * (state.Gamma @ u) + _rows_t(state.Cb, _rows(state.Ab, u))
     return state[1] @ u
 
