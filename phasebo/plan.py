@@ -79,7 +79,12 @@ class Group:
         horizon = {"flow": "flow_time", "limit": "dynamics"}.get(kind, "steps")
         shape = ", ".join(f"{k}={getattr(p, k)}" for k in ("n", "T", horizon) if hasattr(p, k))
         if self.engine.name != "reduced" and hasattr(p, "d"):
-            shape = f"d={p.d}, " + shape
+            ds = sorted({c.settings.get("d", p.d) for c in self.cells})
+            if ds and (len(ds) > 1 or ds[0] != p.d):  # d zero-padded (Gram.program)
+                span = f"{ds[0]}" if len(ds) == 1 else f"{ds[0]}..{ds[-1]}"
+                shape = f"d={span} padded to {p.d}, " + shape
+            else:
+                shape = f"d={p.d}, " + shape
         return f"{self.model.name} on {self.engine.name} ({shape})"
 
 

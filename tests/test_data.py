@@ -1,11 +1,21 @@
 """The Sakamoto token distribution, label noise and the projected test set."""
 
+import jax
+import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
 
 import phasebo
-from phasebo.data import n_flip_per_class, projected_scores, sakamoto_sample, token_roles
+from phasebo.data import (
+    n_flip_per_class,
+    padded_draw,
+    padded_width,
+    projected_scores,
+    sakamoto_sample,
+    token_roles,
+)
+from phasebo.models.prompt_attention import uniform_W, w_bound
 
 
 def sample(n, d, r=0.2, mode="fraction", label_mode="balanced", norm=5.0, rho=0.1, sigma=1.0,
@@ -86,3 +96,42 @@ def test_projected_test_set_agrees_with_sampled_tokens():
     assert a < 0.99  # a setting where the test set matters
     assert abs(a - b) < 4 * se + 1e-3
     assert np.mean(losses["projected"]) == pytest.approx(np.mean(losses["sampled"]), rel=0.02)
+
+
+def test_padded_draws_are_the_unpadded_draws_bit_for_bit(x64):
+    """With d traced and the arrays zero-padded to a wider program, the noise, W_0 and a Gaussian
+    init are exactly the draws an unpadded run makes (threefry draws each element from its flat
+    index), in both precisions."""
+    key = jr.PRNGKey(7)
+    for dtype in (jnp.float32, jnp.float64):
+        for d, width in [(250, 256), (300, 320), (97, 112), (5, 5)]:
+            bound = w_bound(d, dtype.dtype.name)  # the host's 1/sqrt d, as the sweep passes it
+
+            @jax.jit
+            def draws(k, dim, width=width, dtype=dtype, bound=bound):
+                return (padded_draw(jr.normal, k, (6, 3), width, dim, dtype),
+                        padded_draw(jr.normal, k, (), width, dim, dtype),
+                        uniform_W(k, width, dtype, (dim, bound)))
+
+            noise, p, W = map(np.asarray, draws(key, d))
+            np.testing.assert_array_equal(noise[..., :d], jr.normal(key, (6, 3, d), dtype))
+            np.testing.assert_array_equal(p[:d], jr.normal(key, (d,), dtype))
+            np.testing.assert_array_equal(W[:d, :d], uniform_W(key, d, dtype))
+            assert not noise[..., d:].any() and not p[d:].any()
+            assert not W[d:].any() and not W[:, d:].any()
+    # a different flat layout would not be the same draws: the check can fail
+    wrong = np.asarray(jr.normal(key, (6, 3, 256)))[..., :250]
+    assert not np.array_equal(wrong, np.asarray(jr.normal(key, (6, 3, 250))))
+
+
+def test_padded_widths_are_a_few_per_octave():
+    """Every d maps to the next of 2^k x (1, 1.25, 1.5, 1.75): at most 25 % wider, monotone, small
+    d kept; the trained-W map's 39 values of d share 16 widths."""
+    ds = np.arange(65, 20000)
+    w = np.array([padded_width(int(d)) for d in ds])
+    assert (w >= ds).all() and (w <= 1.25 * ds).all() and (np.diff(w) >= 0).all()
+    k = 2.0 ** np.floor(np.log2(w))
+    assert np.isin(w / k, [1.0, 1.25, 1.5, 1.75]).all()
+    assert [padded_width(d) for d in (1, 5, 64)] == [1, 5, 64]
+    assert padded_width(50000) == 50000  # its square would overflow the int32 flat index
+    assert len({padded_width(d) for d in range(250, 5001, 125)}) == 16

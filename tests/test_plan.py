@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 
 from phasebo import plan as P
 from phasebo.config import spec_from_dict
@@ -44,3 +45,24 @@ def test_reduced_engine_traces_one_program_for_every_d_and_signal_norm(tmp_path)
     df = run_sweep(spec, tmp_path / "o", chunk_size=4, quiet=True, plots=False, executor=ex)
     assert list(ex.traces.values()) == [1]
     assert sorted(df["d"].unique()) == [300, 1000, 5000] and (df["engine"] == "reduced").all()
+
+
+def test_gram_engine_pads_nearby_d_into_one_program(tmp_path, x64):
+    """Trained W and p on the gram engine: d 260 and 300 both run zero-padded to 320 in one
+    program (d traced), and each run is the direct engine's run of its own d (float64)."""
+    from phasebo.sweep import run_one
+
+    jax.clear_caches()
+    ex = Executor()
+    fixed = {"train": ["p", "W"], "steps": 8, "n_test": 50, "dtype": "float64", "lr": 0.5}
+    spec = spec_from_dict(fixed, {"d": [260, 300], "signal_norm": [8.0]}, seeds=2)
+    pl = P.plan(spec)
+    assert len(pl.groups) == 1 and pl.groups[0].engine.name == "gram"
+    assert pl.groups[0].program.d == 320 and "d=260..300 padded to 320" in pl.groups[0].label
+    df = run_sweep(spec, tmp_path / "o", quiet=True, plots=False, executor=ex)
+    assert list(ex.traces.values()) == [1]
+    for d in (260, 300):
+        row = df[(df["d"] == d) & (df["seed"] == 1)].iloc[0]
+        direct = run_one({**fixed, "d": d, "signal_norm": 8.0}, engine="direct", seed=1)
+        for k in ("train_loss", "test_loss", "p_norm", "q_norm"):
+            np.testing.assert_allclose(row[k], float(direct.final[k]), rtol=1e-9, err_msg=k)

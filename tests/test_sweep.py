@@ -293,7 +293,7 @@ DRY_RUN_TRACES = {
     "magen_n_over_d": "12 compile groups, ~4 s",
     "magen_snr_n_heatmap": "6 compile groups, ~1-2.5 s",
     "magen_vary_d": "4 compile groups, ~1-1.4 s",
-    "sakamoto_heatmap_official": "39 compile groups, ~7 s",
+    "sakamoto_heatmap_official": "16 compile groups, ~3 s",
     "sakamoto_horizons": "5 compile groups, ~3 s",
     "real_digits": "3 ViT groups, ~10 s (+ ~3 s loading the digits)",
     "real_digits_noise": "5 ViT groups, ~3 s",

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from ..data import reduced_d
+from ..data import padded_width, reduced_d
 from ..flow import is_flow
 from ..limit import is_limit
 from ..metrics import relevant_mass
@@ -223,6 +223,14 @@ class Gram(SpanEngine):
     reduced = False
     priority = 10
     doc = "the same run on the same data, as GD on the span coefficients (N x N per step)"
+
+    def program(self, model, static):
+        # a model that pads (Model.span_pads_d) runs d zero-padded to the next of a few widths
+        # per octave (phasebo.data.padded_width), d traced in sw["dim"], with bit-identical draws:
+        # the trained-W map's 39 d values compile 16 programs, each ~4 s (cold, 2 cores)
+        if not model.span_pads_d:
+            return static
+        return dataclasses.replace(static, d=padded_width(static.d))
 
     def block_size(self, model, static, platform):
         return 4 if platform == "cpu" else 256

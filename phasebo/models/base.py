@@ -56,6 +56,9 @@ class Model(abc.ABC):
     # its span problem gives a factor of the Gram (SpanProblem.factor), so the gram and reduced
     # engines can find the converged limit (phasebo.limit); elsewhere the direct engine does
     span_factor: ClassVar[bool] = False
+    # its gram-engine span problem draws its d-dimensional arrays zero-padded to the program's
+    # d with the true d from sw["dim"] (phasebo.data.padded_draw): nearby d share one program
+    span_pads_d: ClassVar[bool] = False
     radii: ClassVar[tuple[str, ...]] = ()  # the radius settings of the norm groups, in order
 
     def __init__(self):

@@ -18,11 +18,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 
 from ..data import (
     SAKAMOTO,
     embed_signal,
     factor_width,
+    padded_draw,
     projected_scores,
     projection_normals,
     sakamoto_head,
@@ -70,10 +72,23 @@ class PromptQuery(eqx.Module):
         return self.q
 
 
-def uniform_W(key: jax.Array, d: int, dtype) -> jax.Array:
-    """``W ~ U(-1/sqrt d, 1/sqrt d)``, PyTorch's ``kaiming_uniform_(a=sqrt 5)`` for a d x d layer."""
-    bound = 1.0 / jnp.sqrt(jnp.asarray(d, dtype))
-    return jr.uniform(key, (d, d), dtype, -bound, bound)
+def uniform_W(key: jax.Array, d: int, dtype, pad: tuple | None = None) -> jax.Array:
+    """``W ~ U(-1/sqrt d, 1/sqrt d)``, PyTorch's ``kaiming_uniform_(a=sqrt 5)`` for a d x d layer.
+    ``pad = (dim, bound)``: the true ``d`` and its bound (:func:`w_bound`), zero-padded to ``d``
+    (:func:`phasebo.data.padded_draw`: the same draws)."""
+    if pad is None:
+        dim, bound = None, 1.0 / jnp.sqrt(jnp.asarray(d, dtype))
+    else:
+        dim, bound = pad
+    return padded_draw(jr.uniform, key, (d,), d, dim, dtype, minval=-bound, maxval=bound)
+
+
+def w_bound(d: int, dtype_name: str):
+    """``1/sqrt d`` correctly rounded in the run's precision, computed on the host: from a traced
+    ``d`` XLA would rewrite ``1 / sqrt`` into an approximate ``rsqrt`` (measured: 1-4 ulp off
+    in float32, so a padded run's ``W_0`` would not be the unpadded run's)."""
+    dt = np.float64 if dtype_name == "float64" else np.float32
+    return dt(1) / np.sqrt(dt(d))
 
 
 def head_scores(batch, nu: jax.Array) -> jax.Array:
@@ -83,13 +98,14 @@ def head_scores(batch, nu: jax.Array) -> jax.Array:
 
 
 def init_prompt_attention(key, d: int, signal_norm, *, W_mode: str, init: str, init_scale,
-                          dtype) -> PromptAttention:
-    """``p`` at zero (or ``N(0, init_scale^2)``), ``W`` identity (``None``) or uniform."""
+                          dtype, pad: tuple | None = None) -> PromptAttention:
+    """``p`` at zero (or ``N(0, init_scale^2)``), ``W`` identity (``None``) or uniform; ``pad``:
+    ``(dim, bound)`` of a true ``d`` zero-padded to ``d`` (:func:`uniform_W`; the same draws)."""
     k_p, k_w = jr.split(key)
     p = jnp.zeros(d, dtype)
     if init == "gaussian":
-        p = init_scale * jr.normal(k_p, (d,), dtype)
-    W = uniform_W(k_w, d, dtype) if W_mode == "random" else None
+        p = init_scale * padded_draw(jr.normal, k_p, (), d, pad and pad[0], dtype)
+    W = uniform_W(k_w, d, dtype, pad) if W_mode == "random" else None
     return PromptAttention(p=p, W=W, nu=sakamoto_head(d, signal_norm, dtype))
 
 
@@ -114,6 +130,7 @@ class PromptAttentionModel(Model):
         *INIT, *TEST_MODE, *WEIGHT_DECAY, *PROJECT,
     )
     radii = ("radius_p",)
+    span_pads_d = True
 
     def check(self, r):
         super().check(r)
@@ -124,18 +141,25 @@ class PromptAttentionModel(Model):
             raise ConfigError("project = true constrains p; with W trained too it would leave W "
                               "unconstrained; fix: train = [\"p\"] or project = false")
 
+    def derived(self, static, sw):
+        out = super().derived(static, sw)
+        out["w_bound"] = np.full(len(out["dim"]), w_bound(static.d, static.dtype))
+        return out
+
     def roles(self, static):
         return sakamoto_roles(static)
 
-    def sample(self, static, sw, key, *, test):
+    def sample(self, static, sw, key, *, test, dim=None):
+        """``dim``: the true ``d`` of tokens zero-padded to ``static.d`` (the gram engine's
+        program serves a range of ``d``: :meth:`phasebo.engines.base.Gram.program`)."""
         dtype = dtype_of(static)
         roles = self.roles(static)
         if not test:
             return sakamoto_sample(key, static.n, static.d, roles, sw, label_mode=static.label_mode,
-                                   label_noise=static.label_noise, dtype=dtype)
+                                   label_noise=static.label_noise, dtype=dtype, dim=dim)
         sampled = static.test_mode == "sampled"
         b = sakamoto_sample(key, static.n_test, static.d if sampled else None, roles, sw,
-                            label_mode=static.label_mode, label_noise=None, dtype=dtype)
+                            label_mode=static.label_mode, label_noise=None, dtype=dtype, dim=dim)
         return b if sampled else b._replace(z=projection_normals(key, (static.n_test, static.T), dtype))
 
     def init(self, static, sw, key, batch):
@@ -215,7 +239,10 @@ class PromptAttentionModel(Model):
         d, n, T = static.d, static.n, static.T
         roles = self.roles(static)
         k_data, k_test, k_init = self.keys(key)
-        test = self.sample(static, sw, k_test, test=True)
+        # gram: zero-padded to the program's d, the true d and W_0's bound traced
+        pad = None if reduced else (sw["dim"], sw["w_bound"])
+        dim = pad and pad[0]
+        test = self.sample(static, sw, k_test, test=True, dim=dim)
         if "W" in static.train:
             return self._span_w_problem(static, sw, k_data, k_init, test)
         if reduced:
@@ -226,9 +253,10 @@ class PromptAttentionModel(Model):
                                        sw["dim"])
             nu, W = sakamoto_head(D, sw["signal_norm"], dtype), None
         else:
-            batch = self.sample(static, sw, k_data, test=False)
+            batch = self.sample(static, sw, k_data, test=False, dim=dim)
             m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
-                                       init=static.init, init_scale=sw["init_scale"], dtype=dtype)
+                                       init=static.init, init_scale=sw["init_scale"], dtype=dtype,
+                                       pad=pad)
             p0, nu, W = m0.p, m0.nu, m0.W
         N = n * T
         S12, S0 = batch.signal.reshape(N, 2), signal_pattern(batch, roles, sw)
@@ -261,9 +289,10 @@ class PromptAttentionModel(Model):
         dtype = dtype_of(static)
         d, n, T = static.d, static.n, static.T
         N = n * T
-        batch = self.sample(static, sw, k_data, test=False)
+        batch = self.sample(static, sw, k_data, test=False, dim=sw["dim"])
         m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
-                                   init="zero", init_scale=sw["init_scale"], dtype=dtype)
+                                   init="zero", init_scale=sw["init_scale"], dtype=dtype,
+                                   pad=(sw["dim"], sw["w_bound"]))
         Ef = batch.noise.reshape(N, d)
         S12, S0 = batch.signal.reshape(N, 2), signal_pattern(batch, self.roles(static), sw)
         W0 = m0.W
