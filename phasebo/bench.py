@@ -19,7 +19,9 @@ same run, so the ratios compare like with like on this machine. Sections:
 - **readme**: ``python -m phasebo.sweep sweeps/default.toml`` as a subprocess, whole process,
   with an empty and then a warm compilation cache.
 - **heatmap**: ``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml`` (39 x 39 x
-  ``--heatmap-seeds``) as a subprocess with an empty cache.
+  ``--heatmap-seeds``) as a subprocess with an empty cache (:mod:`phasebo.bench_maps`).
+- **wpmap**: the trained-W map ``sweeps/sakamoto_heatmap_official.toml`` (39 x 39 x 10) the same
+  way, with its compile time and programs.
 - **flow**: gradient flow to tau = 500 (Bosh3 and Tsit5) vs 10^5 GD steps (records included),
   and the long-horizon flow map (``sweeps/flow_horizons.toml``) as a subprocess.
 - **vit**: the digits ViT's phase 2: a gradient step computing only the last block's CLS row
@@ -491,106 +493,13 @@ def section_precision(q: bool, out: dict, steps: int | None = None) -> None:
          "not ok f32/f64"], rows)
 
 
-def section_heatmap(seeds: int, out: dict) -> None:
-    """``python -m phasebo.sweep sweeps/sakamoto_heatmap.toml`` (39 x 39 cells x ``seeds``) in a
-    subprocess with an empty compilation cache, the whole job as a user runs it: with its noise
-    shared along ||mu|| (the file's setting: noise groups stepped by matrix products) and with
-    independent noise (``--set common_noise=none``, run by run), side by side."""
-    sweep_file = Path(__file__).resolve().parent.parent / "sweeps" / "sakamoto_heatmap.toml"
-    n_runs = 39 * 39 * seeds
-    rows, walls, outputs = [], {}, None
-    for mode in ("signal_norm", "none"):
-        with tempfile.TemporaryDirectory() as tmp:
-            res = Path(tmp) / "out"
-            wall, rc, err = _sweep_proc([str(sweep_file), "--seeds", str(seeds), "--set",
-                                         f"common_noise={mode}", "--out", str(res),
-                                         "--no-plots", "--quiet"], Path(tmp) / "cache")
-            engines = ""
-            if rc == 0:
-                import pandas as pd
-
-                df = pd.read_parquet(res / "results.parquet", columns=["engine"])
-                engines = ",".join(sorted(map(str, df["engine"].unique())))
-            if rc == 0 and mode == "signal_norm":
-                # the same command again with figures: every run is there, so it measures the
-                # tables, figures and report around the engine
-                w2, rc2, _ = _sweep_proc([str(sweep_file), "--seeds", str(seeds), "--out",
-                                          str(res), "--quiet"], Path(tmp) / "cache")
-                man = json.loads((res / "manifest.json").read_text())
-                rep = res / "report.html"
-                outputs = [[f"{man.get('tables_figures_s', float('nan')):.1f}",
-                            f"{rep.stat().st_size / 2**20:.1f}" if rep.exists() else "-",
-                            f"{w2:.1f}", "ok" if rc2 == 0 else f"FAILED rc={rc2}"]]
-        walls[mode] = wall
-        status = "ok" if rc == 0 else f"FAILED rc={rc}: {err[-500:]}"
-        rows.append([mode, seeds, n_runs, engines, f"{wall:.1f}", f"{n_runs / wall:.0f}", status])
-    ratio = walls["none"] / walls["signal_norm"]
-    out["heatmap"] = {"seeds": seeds, "runs": n_runs, "wall_s": walls["signal_norm"],
-                      "wall_independent_s": walls["none"], "shared_speedup": ratio}
-    _print_table(
-        "heatmap: python -m phasebo.sweep sweeps/sakamoto_heatmap.toml (empty compilation cache)",
-        ["common_noise", "seeds", "runs", "engine", "wall s", "runs/s", "status"], rows,
-        f"shared noise {ratio:.2f}x independent (whole process); targets at 100 seeds: shared "
-        "<= 100 s, independent <= 150 s")
-    if outputs:
-        _print_table("heatmap: the same command again (every run done): tables, figures, report",
-                     ["tables and figures s", "report MiB", "whole process s", "status"],
-                     outputs, "target: tables, maps and figures <= 10 s")
-
-
-def section_gpu(q: bool, out: dict) -> None:
-    """For an accelerator: block sizes by measurement, then the p-only heatmap at 100 seeds, the
-    trained-W heatmap at 10 seeds and S2 with dynamics at 10,000 seeds, each as a sweep; prints
-    runs/s, the block and chunk sizes the planner chose and the peak device memory."""
-    import jax
-
-    from . import plan as P
-    from . import sweep as S
-    from .config import load_sweep
-
-    dev = jax.local_devices()[0]
-    if dev.platform == "cpu" and not q:
-        print("\n## gpu: no accelerator here (the CPU figures are the other sections); run "
-              "`python -m phasebo.bench --sections gpu` on a GPU or TPU machine")
-        out["gpu"] = "no accelerator"
-        return
-    blocks = [64, 256, 1024, 4096] if not q else [16, 64]
-    rates = [batched_rate("reduced", 2000, max(blocks) * 4 if not q else 128, 1000 if not q
-                          else 50, block=b) for b in blocks]
-    best = blocks[int(np.argmax(rates))]
-    print("\n## gpu: reduced-engine runs/s by block: "
-          + ", ".join(f"{b}: {r:.0f}" for b, r in zip(blocks, rates)) + f" -> block {best}")
-    root = Path(__file__).resolve().parent.parent / "sweeps"
-    rows = []
-    jobs = (("sakamoto_heatmap.toml", 100 if not q else 1, {}),
-            ("sakamoto_heatmap_official.toml", 10 if not q else 1, {}),
-            ("sakamoto_fig3.toml", 10_000 if not q else 4, {}))
-    for name, seeds, _ in jobs:
-        spec = load_sweep(root / name, seeds=seeds)
-        pl = P.plan(spec, block_size=best if name == "sakamoto_heatmap.toml" else None)
-        with tempfile.TemporaryDirectory() as tmp:
-            t = time.perf_counter()
-            S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False,
-                        block_size=best if name == "sakamoto_heatmap.toml" else None)
-            wall = time.perf_counter() - t
-        stats = dev.memory_stats() or {}
-        peak = stats.get("peak_bytes_in_use", float("nan"))
-        g = pl.groups[0]
-        out.setdefault("gpu", []).append({"sweep": name, "runs": spec.n_runs, "wall_s": wall,
-                                          "block": g.block, "chunk": g.width, "peak_bytes": peak})
-        rows.append([name, spec.n_runs, f"{wall:.1f}", f"{spec.n_runs / wall:.0f}", g.block,
-                     g.width, f"{peak / 2**30:.2f}"])
-    _print_table(f"gpu: sweeps on {dev.device_kind}", ["sweep", "runs", "wall s", "runs/s",
-                                                       "block", "chunk", "peak GiB"], rows)
-
-
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
 
 
 SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme", "heatmap",
-            "flow", "vit", "precision", "gpu")
+            "wpmap", "flow", "vit", "precision", "gpu")
 DEFAULT_SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "readme")
 
 

@@ -54,3 +54,13 @@ def test_bench_vit_section_reports_the_cls_row_ratio(tmp_path, capsys, monkeypat
     assert [r["batch"] for r in rec["vit"]] == [16, 400]
     assert all(r["cls row"] > 0 and r["whole block"] > 0 for r in rec["vit"])
     assert rec["vit_recipe"]["runs"] == 4 and rec["vit_recipe"]["wall_s"] > 0
+
+
+@pytest.mark.slow  # the trained-W map at one seed (1521 runs, 16 programs compiled cold): ~90 s
+def test_bench_wpmap_section_runs_the_papers_map(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench_main(["--quick", "--sections", "wpmap", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "sakamoto_heatmap_official" in text and "FAILED" not in text
+    rec = json.loads(out.read_text())["wpmap"]
+    assert rec["runs"] == 1521 and rec["programs"] == 16 and rec["run_s"] > 0

@@ -17,8 +17,6 @@ from ..bench import (
     section_dynamics,
     section_engines,
     section_flow,
-    section_gpu,
-    section_heatmap,
     section_loop,
     section_precision,
     section_readme,
@@ -26,6 +24,7 @@ from ..bench import (
     section_wp,
 )
 from ..bench import __doc__ as BENCH_DOC
+from ..bench_maps import section_gpu, section_heatmap, section_wpmap
 from ..bench_vit import section_vit
 
 
@@ -96,6 +95,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "traces": lambda: section_traces(q, out),
         "readme": lambda: section_readme(q, out),
         "heatmap": lambda: section_heatmap(args.heatmap_seeds if not q else 1, out),
+        "wpmap": lambda: section_wpmap(10 if not q else 1, out),
         "flow": lambda: section_flow(q, repeat, out),
         "vit": lambda: section_vit(q, repeat, out),
         "precision": lambda: section_precision(q, out, args.steps),
