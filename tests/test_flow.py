@@ -1,6 +1,7 @@
 """Gradient flow (phasebo.flow): against gradient descent at small steps, on every engine against
 the direct engine's flow in float64, failed solves as data, and the tables of a flow sweep."""
 
+import diffrax
 import jax
 import numpy as np
 import pandas as pd
@@ -228,3 +229,22 @@ def test_each_solver_at_the_default_tolerances_is_near_the_tight_flow(x64):
             assert got[k] == pytest.approx(ref[k], rel=2e-4, abs=1e-9), (solver, k)
         steps[solver] = int(out.final["solver_steps"])
     assert steps["bosh3"] != steps["tsit5"]
+
+
+def test_the_unrolled_bosh3_is_diffraxs_bosh3(monkeypatch, x64):
+    """The default solver (Bosh3 with its stages written out) takes the same steps, accepted and
+    rejected, as diffrax's own Bosh3, and gives the same run in float64, at a stiff setting
+    (||mu|| 100) whose step size is held by stability (so steps are rejected)."""
+    s = dict(d=1000, n=10, T=4, signal_norm=100.0, n_test=200, dtype="float64", engine="reduced",
+             dynamics="flow", flow_time=50.0, lr=5e-3, record_log=8)
+    ours = run_one(s, key=KEY)
+    monkeypatch.setitem(flow.SOLVERS, "bosh3", diffrax.Bosh3)
+    jax.clear_caches()
+    theirs = run_one(s, key=KEY)
+    assert int(ours.final["solver_steps"]) == int(theirs.final["solver_steps"]) > 20
+    for part in ("final", "dynamics", "samples"):
+        a, b = getattr(theirs, part), getattr(ours, part)
+        assert set(a) == set(b)
+        for k in a:
+            np.testing.assert_allclose(np.asarray(b[k]), np.asarray(a[k]), rtol=1e-9, atol=1e-12,
+                                       err_msg=f"{part}.{k}")
