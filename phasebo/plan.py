@@ -199,13 +199,14 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
             g = groups[key] = Group(model, engine, program, [], axis, members)
         g.cells.append(cell)
         g.n_runs += per_cell
-        item = engine.bytes_per_run(model, static)
+        # sized as the program runs (the gram engine's arrays are as wide as its padded d)
+        item = engine.bytes_per_run(model, program)
         if members > 1:  # the shared part once, each member's own part
-            item += (members - 1) * engine.member_bytes(model, static)
+            item += (members - 1) * engine.member_bytes(model, program)
         g.bytes_per_run = max(g.bytes_per_run, item)
-        cost = engine.cost_per_run(model, static)
+        cost = engine.cost_per_run(model, program)
         if members > 1:  # what a run shares with its group counted once per group
-            own = engine.member_cost(model, static)
+            own = engine.member_cost(model, program)
             cost = own + (cost - own) / members
         g.cost_per_run = max(g.cost_per_run, cost)
     out = list(groups.values())
