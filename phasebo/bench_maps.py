@@ -85,13 +85,12 @@ def section_gpu(q: bool, out: dict) -> None:
     best = blocks[int(np.argmax(rates))]
     print("\n## gpu: reduced-engine runs/s by block: "
           + ", ".join(f"{b}: {r:.0f}" for b, r in zip(blocks, rates)) + f" -> block {best}")
-    root = SWEEPS
     rows = []
     jobs = (("sakamoto_heatmap.toml", 100 if not q else 1, {}),
             ("sakamoto_heatmap_official.toml", 10 if not q else 1, {}),
             ("sakamoto_fig3.toml", 10_000 if not q else 4, {}))
     for name, seeds, _ in jobs:
-        spec = load_sweep(root / name, seeds=seeds)
+        spec = load_sweep(SWEEPS / name, seeds=seeds)
         pl = P.plan(spec, block_size=best if name == "sakamoto_heatmap.toml" else None)
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()

@@ -244,7 +244,7 @@ class PromptAttentionModel(Model):
         dim = pad and pad[0]
         test = self.sample(static, sw, k_test, test=True, dim=dim)
         if "W" in static.train:
-            return self._span_w_problem(static, sw, k_data, k_init, test)
+            return self._span_w_problem(static, sw, k_data, k_init, test, pad)
         if reduced:
             batch = sakamoto_reduced_sample(k_data, n, d, roles, sw, label_mode=static.label_mode,
                                             label_noise=static.label_noise, dtype=dtype)
@@ -285,14 +285,13 @@ class PromptAttentionModel(Model):
         return SpanProblem(batch, test, signal_gram(EW, S0, sw["signal_norm"], W12), a0,
                            h0, None, jnp.sum(p0**2), zero, params)
 
-    def _span_w_problem(self, static, sw, k_data, k_init, test):
+    def _span_w_problem(self, static, sw, k_data, k_init, test, pad):
         dtype = dtype_of(static)
         d, n, T = static.d, static.n, static.T
         N = n * T
-        batch = self.sample(static, sw, k_data, test=False, dim=sw["dim"])
+        batch = self.sample(static, sw, k_data, test=False, dim=pad[0])
         m0 = init_prompt_attention(k_init, d, sw["signal_norm"], W_mode=W_mode(static),
-                                   init="zero", init_scale=sw["init_scale"], dtype=dtype,
-                                   pad=(sw["dim"], sw["w_bound"]))
+                                   init="zero", init_scale=sw["init_scale"], dtype=dtype, pad=pad)
         Ef = batch.noise.reshape(N, d)
         S12, S0 = batch.signal.reshape(N, 2), signal_pattern(batch, self.roles(static), sw)
         W0 = m0.W
