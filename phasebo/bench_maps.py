@@ -118,7 +118,8 @@ def section_wpmap(seeds: int, out: dict) -> None:
     from .config import load_sweep
 
     sweep_file = SWEEPS / "sakamoto_heatmap_official.toml"
-    programs = len(P.plan(load_sweep(sweep_file, seeds=seeds)).groups)
+    spec = load_sweep(sweep_file, seeds=seeds)
+    programs, steps = len(P.plan(spec).groups), spec.fixed.get("steps", "?")
     n_runs = 39 * 39 * seeds
     with tempfile.TemporaryDirectory() as tmp:
         res = Path(tmp) / "out"
@@ -146,4 +147,4 @@ def section_wpmap(seeds: int, out: dict) -> None:
          "runs s", "tables and figures s", "status"],
         [[seeds, n_runs, programs, f"{wall:.1f}", f"{n_runs / wall:.0f}", get("compile_s"),
           get("compile_beside_s"), get("run_s"), get("tables_figures_s"), status]],
-        f"regimes at step 1000: {counts}; target at 10 seeds: <= 300 s whole process")
+        f"regimes at step {steps}: {counts}; target at 10 seeds: <= 300 s whole process")

@@ -144,6 +144,8 @@ def padded_draw(draw, key: jax.Array, lead: tuple, width: int, dim: jax.Array | 
     if dim is None:
         return draw(key, (*lead, width), dtype, **kw)
     rows = int(np.prod(lead))
+    if rows * width >= 2**31:  # padded_width keeps such d unpadded: the int32 index would wrap
+        raise ValueError(f"padded_draw: {rows} x {width} draws overflow the int32 flat index")
     flat = draw(key, (rows * width,), dtype, **kw)
     square = lead == (width,)
     r = jnp.arange(rows, dtype=jnp.int32)[:, None]
@@ -154,16 +156,18 @@ def padded_draw(draw, key: jax.Array, lead: tuple, width: int, dim: jax.Array | 
     return out.reshape(*lead, width)
 
 
-def padded_width(d: int) -> int:
+def padded_width(d: int, rows: int = 1) -> int:
     """The width a ``d``-dimensional run is padded to where an engine pads (:func:`padded_draw`):
     the next of ``2^k x (1, 1.25, 1.5, 1.75)``, at most 25 % wider (56 % more ``d^2`` work), so a
-    map over ``d`` compiles a few programs per octave instead of one per ``d``. Small ``d`` and
-    ``d`` whose square would overflow the int32 flat index stay as they are."""
+    map over ``d`` compiles a few programs per octave instead of one per ``d``. Small ``d`` stay as
+    they are, and so do ``d`` where a padded draw of ``rows`` (the most rows any of the run's
+    d-dimensional draws has) or ``width`` rows (a square ``W_0``) would overflow the int32 flat
+    index of :func:`padded_draw`."""
     if d <= 64:
         return d
     k = 1 << (d.bit_length() - 1)  # 2^k <= d < 2^(k+1)
     width = next(k * f // 4 for f in (4, 5, 6, 7, 8) if k * f // 4 >= d)
-    return width if width * width < 2**31 else d
+    return width if width * max(width, rows) < 2**31 else d
 
 
 def sakamoto_head(d: int, signal_norm: jax.Array, dtype) -> jax.Array:

@@ -129,6 +129,9 @@ def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None
         what = "one run" if g.members == 1 else f"one noise group ({g.members} runs)"
         shape = ", ".join(f"{k} = {getattr(p, k)}" for k in ("d", "n", "T", "n_test")
                           if hasattr(p, k))
+        d_max = max((c.settings.get("d", 0) for c in g.cells), default=0)
+        if hasattr(p, "d") and 0 < d_max < p.d:  # sized by its zero-padded program
+            shape = shape.replace(f"d = {p.d}", f"d = {d_max} run padded to {p.d}", 1)
         raise ConfigError(
             f"{what} of {g.model.name} needs about {g.bytes_per_run / 2**30:.2f} GiB ({shape}) "
             f"but the memory budget is {per_dev / 2**30:.2f} GiB per device; fix: lower d, n or "

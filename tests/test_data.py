@@ -134,4 +134,13 @@ def test_padded_widths_are_a_few_per_octave():
     assert np.isin(w / k, [1.0, 1.25, 1.5, 1.75]).all()
     assert [padded_width(d) for d in (1, 5, 64)] == [1, 5, 64]
     assert padded_width(50000) == 50000  # its square would overflow the int32 flat index
+    # a draw of rows x width past 2^31 would wrap the int32 flat index: such d stay unpadded
+    assert padded_width(3000, rows=10**6) == 3000 and padded_width(3000, rows=10**5) == 3072
+
+
+def test_padded_draw_refuses_an_overflowing_flat_index():
+    """rows x width >= 2^31 would wrap the int32 gather index into silently wrong draws; it is
+    refused at trace time, before anything is drawn."""
+    with pytest.raises(ValueError, match="int32"):
+        padded_draw(jr.normal, jr.PRNGKey(0), (2**20, 64), 40000, 30000, jnp.float32)
     assert len({padded_width(d) for d in range(250, 5001, 125)}) == 16

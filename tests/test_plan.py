@@ -66,3 +66,18 @@ def test_gram_engine_pads_nearby_d_into_one_program(tmp_path, x64):
         direct = run_one({**fixed, "d": d, "signal_norm": 8.0}, engine="direct", seed=1)
         for k in ("train_loss", "test_loss", "p_norm", "q_norm"):
             np.testing.assert_allclose(row[k], float(direct.final[k]), rtol=1e-9, err_msg=k)
+
+
+def test_gram_engine_keeps_d_unpadded_where_padded_draws_would_differ():
+    """A sampled test set of n_test x T x width >= 2^31 numbers would wrap padded_draw's int32
+    index: that program keeps its own d; a projected test set draws no d-dimensional test noise.
+    Nor does it pad where threefry is not partitionable."""
+    fixed = {"train": ["p", "W"], "d": 3000, "signal_norm": 8.0, "n_test": 300_000}
+    for mode, width in (("sampled", 3000), ("projected", 3072)):
+        spec = spec_from_dict({**fixed, "test_mode": mode}, {}, seeds=1)
+        g = P.plan(spec, memory_budget=2**40).groups[0]  # planned, never run
+        assert g.engine.name == "gram" and g.program.d == width, mode
+    # without partitionable threefry a wider draw is not the narrower one: no padding
+    with jax.threefry_partitionable(False):
+        g = P.plan(spec, memory_budget=2**40).groups[0]
+    assert g.program.d == 3000

@@ -20,6 +20,7 @@ import abc
 import dataclasses
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 
 from ..data import padded_width, reduced_d
@@ -228,9 +229,14 @@ class Gram(SpanEngine):
         # a model that pads (Model.span_pads_d) runs d zero-padded to the next of a few widths
         # per octave (phasebo.data.padded_width), d traced in sw["dim"], with bit-identical draws:
         # the trained-W map's 39 d values compile 16 programs, each ~4 s (cold, 2 cores)
-        if not model.span_pads_d:
+        # the padded draws equal the unpadded ones only under partitionable threefry (JAX's
+        # default since 0.5): with the flag off, each d keeps its own program
+        if not model.span_pads_d or not jax.config.jax_threefry_partitionable:
             return static
-        return dataclasses.replace(static, d=padded_width(static.d))
+        rows = static.n * static.T  # the most rows of a d-dimensional draw: data or sampled test
+        if static.test_mode == "sampled":
+            rows = max(rows, static.n_test * static.T)
+        return dataclasses.replace(static, d=padded_width(static.d, rows))
 
     def block_size(self, model, static, platform):
         return 4 if platform == "cpu" else 256
