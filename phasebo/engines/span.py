@@ -108,14 +108,17 @@ def signal_gram(EW: jax.Array, S0: jax.Array, mu: jax.Array,
 def gram_dot(v: jax.Array, K) -> jax.Array:
     """``v K`` for a row vector (or rows) ``v``, ``K`` an array or a :class:`LowRank`
     (``[v C | v A] = v [C | A]``, then ``+ ((v A) D) A^T``: with ``C, A`` shared, a group's rows
-    make two matrix products). Every Gram here is symmetric, so ``v K`` is also ``(K v^T)^T``."""
+    make one matrix product, the rest fused). Every Gram here is symmetric, so ``v K`` is also ``(K v^T)^T``."""
     if isinstance(K, LowRank):
         N = K.CA.shape[0]
         P = v @ K.CA
         # (v A) D as multiply-and-sum: XLA fuses it into the step, where a batched
         # (1 x 4)(4 x 4) dot per run would be a slow library call on CPU
         w = jnp.sum(P[..., N:, None] * K.D, axis=-2)
-        return P[..., :N] + w @ K.A.T
+        # and w A^T the same way: as a (rows x 4)(4 x N) dot it was a library call of its own
+        # each step (16-20 us for a block of groups, 2 cores), as multiply-and-sum a fusion
+        # (~11 us): the shared-noise step 1.055x faster (12 interleaved passes, d 2000)
+        return P[..., :N] + jnp.sum(w[..., :, None] * K.A.T, axis=-2)
     return v @ K
 
 
