@@ -108,7 +108,8 @@ def signal_gram(EW: jax.Array, S0: jax.Array, mu: jax.Array,
 def gram_dot(v: jax.Array, K) -> jax.Array:
     """``v K`` for a row vector (or rows) ``v``, ``K`` an array or a :class:`LowRank`
     (``[v C | v A] = v [C | A]``, then ``+ ((v A) D) A^T``: with ``C, A`` shared, a group's rows
-    make one matrix product, the rest fused). Every Gram here is symmetric, so ``v K`` is also ``(K v^T)^T``."""
+    make one matrix product, the rest fused). Every Gram here is symmetric, so ``v K`` is also
+    ``(K v^T)^T``."""
     if isinstance(K, LowRank):
         N = K.CA.shape[0]
         P = v @ K.CA
