@@ -283,18 +283,19 @@ class Executor:
                 block = f"{g.block}" if g.members == 1 else \
                     f"{g.block} noise group(s) of {g.members} runs"
                 ready = ahead is not None and ahead.done.is_set()
-                bar.say(f"{'group' if ready else 'compiling group'} {k + 1}/{len(active)}: "
-                        f"{g.label}, {n_todo} runs, block {block} x {n_dev} device(s), first chunk "
-                        f"{g.width}" + (" (compiled beside the previous group's runs)"
-                                        if ready else ""))
-                if interrupted.stop:
-                    raise KeyboardInterrupt
-                t = time.perf_counter()
                 # in a worker, as a chunk: a Ctrl-C is answered at once, and JAX's compile is
                 # never cut half way (a KeyboardInterrupt raised inside it made the process
-                # crash at exit), a first one stops the sweep when it returns
+                # crash at exit), a first one stops the sweep when it returns. Marked before the
+                # line that announces it, so a Ctrl-C right after that line is answered so too.
                 interrupted.compiling = True
                 try:
+                    bar.say(f"{'group' if ready else 'compiling group'} {k + 1}/{len(active)}: "
+                            f"{g.label}, {n_todo} runs, block {block} x {n_dev} device(s), first "
+                            f"chunk {g.width}" + (" (compiled beside the previous group's runs)"
+                                                  if ready else ""))
+                    if interrupted.stop:
+                        raise KeyboardInterrupt
+                    t = time.perf_counter()
                     if ahead is None:
                         compiled = _in_worker(self.compile, g, lowered, n_dev)
                     else:
