@@ -225,6 +225,17 @@ def _never_as_nan(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
     return df
 
 
+def finite_counts(df: pd.DataFrame, by: Sequence[str], metric: str) -> pd.Series:
+    """Per cell of ``by``: the ok runs with a finite ``metric`` (what its ``_mean`` and ``_se``
+    average over; fewer than ``n_seeds`` where a run has no value, e.g. a flipped-sample metric
+    of a run that drew no flip)."""
+    work = _never_as_nan(df, [metric])
+    if "status" in work.columns:
+        work = work[work["status"].astype(str) == "ok"]
+    v = pd.to_numeric(work[metric], errors="coerce").astype(float)
+    return np.isfinite(v).groupby([work[k] for k in by], sort=True, observed=True).sum()
+
+
 def wilson(k, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
     """Wilson score interval of a proportion ``k / n`` (NaN where ``n = 0``), inside [0, 1]:
     exactly 0 below ``k = 0`` and 1 above ``k = n``, which rounding alone misses

@@ -249,6 +249,13 @@ def test_one_axis_sweeps_get_line_plots_with_se_bands(tmp_path):
     assert len(ax.get_lines()) == 1 and len(ax.collections) == 1  # the mean and its SE band
     assert "3 seeds" in ax.get_title()
     _png(fig, tmp_path / "line.png")
+    # a run without a value (as a flipped-sample metric of a run that drew no flip) is not
+    # counted in the title's seeds
+    runs = pb.load(tmp_path / "l")
+    runs.loc[runs.index[0], "test_acc"] = np.nan
+    fig, ax = P.line_plot(runs, "signal_norm", "test_acc")
+    assert "2–3 seeds" in ax.get_title()
+    _png(fig, tmp_path / "line_missing.png")
 
 
 def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):

@@ -334,15 +334,16 @@ def untrained_backbone(monkeypatch):
     from phasebo.models import vit_digits as V
 
     @functools.cache
-    def zeros(width, depth, heads, patch):
+    def zeros(width, depth, heads, patch, mixing):
         shapes = eqx.filter_eval_shape(B.init_vit, jr.PRNGKey(0), width, depth, heads,
-                                       patch=patch)
+                                       patch=patch, mixing=mixing)
         return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype)
                             if isinstance(a, jax.ShapeDtypeStruct) else a, shapes)
 
     def load(static, quiet=False):
         cfg = B.backbone_settings(static)
-        return zeros(cfg["width"], cfg["depth"], cfg["heads"], cfg.get("patch", 2))
+        return zeros(cfg["width"], cfg["depth"], cfg["heads"], cfg.get("patch", 2),
+                     cfg.get("mixing", "all"))
 
     monkeypatch.setattr(V, "load_backbone", load)
     monkeypatch.setattr(V, "backbone_record", lambda static: {"test_acc": float("nan")})

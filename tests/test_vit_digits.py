@@ -141,11 +141,12 @@ def test_only_query_and_key_change_in_phase_two():
 
 
 @pytest.mark.usefixtures("first_load")
-def test_the_cls_row_forward_equals_the_full_vit(x64):
+@pytest.mark.parametrize("mixing", ["all", "cls"])
+def test_the_cls_row_forward_equals_the_full_vit(x64, mixing):
     """Phase 2's forward computes only the CLS token of the last block (what the head reads):
     its logits and CLS attention row equal the full ViT's (every token through every block)."""
     model = get_model("vit_digits")
-    settings = {**model_defaults(), **SMALL, "dtype": "float64"}
+    settings = {**model_defaults(), **SMALL, "dtype": "float64", "vit_mixing": mixing}
     st = model.static_of(settings)
     sw = {"noise_ratio": jnp.float64(0.2), **{k: jnp.asarray(v) for k, v in
                                                 V.label_values(st.n, 0.2).items()}}
@@ -164,6 +165,36 @@ def test_the_cls_row_forward_equals_the_full_vit(x64):
     np.testing.assert_allclose(s, full_s[:, :, 0].mean(axis=1), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(a, full_a[:, :, 0].mean(axis=1), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(smax, full_s[:, :, 0].max(axis=-1), rtol=1e-12)
+
+
+def test_cls_mixing_keeps_patch_tokens_local_until_the_last_block():
+    """vit_mixing = "cls": in every block but the last a patch token attends only to itself, so
+    the last block's input at a patch depends on that patch alone, while the CLS input depends on
+    the whole image; a standard ViT (the control) mixes every token."""
+    x = jnp.asarray(B.digits()["pool"][0][:3])
+    y = x.at[:, 5].add(0.5)  # one patch changed
+    for mixing in ("all", "cls"):
+        vit = B.init_vit(jr.PRNGKey(0), 8, 3, 2, mixing=mixing)
+        assert [b.local for b in vit.blocks] == ([True, True, False] if mixing == "cls"
+                                                 else [False] * 3)
+
+        def hidden(z, vit=vit):
+            h = vit.embed(z)
+            for b in vit.blocks[:-1]:
+                h = b(h)
+            return h
+
+        moved = np.abs(np.asarray(hidden(y) - hidden(x))).max(axis=(0, 2))  # per token
+        assert moved[0] > 1e-4 and moved[6] > 1e-4  # the CLS token and the changed patch
+        others = np.delete(moved, [0, 6])
+        if mixing == "cls":
+            assert others.max() == 0.0
+        else:
+            assert others.min() > 1e-6
+    st = get_model("vit_digits").static_of({**model_defaults(), **SMALL})
+    assert "mixing" not in B.backbone_settings(st)  # stored backbones keep their key
+    st = get_model("vit_digits").static_of({**model_defaults(), **SMALL, "vit_mixing": "cls"})
+    assert B.backbone_settings(st)["mixing"] == "cls"
 
 
 def model_defaults():
@@ -211,6 +242,8 @@ def test_bad_settings_are_refused():
         phasebo.spec_from_dict({**SMALL, "label_noise": "fraction"})
     with pytest.raises(ConfigError, match="classes"):
         phasebo.spec_from_dict({**SMALL, "classes": [3]})
+    with pytest.raises(ConfigError, match="vit_mixing = \"cls\" .* vit_depth = 1 has none"):
+        phasebo.spec_from_dict({**SMALL, "vit_depth": 1, "vit_mixing": "cls"})
     with pytest.raises(ConfigError, match="d = 100 is not a setting of model 'vit_digits'"):
         phasebo.spec_from_dict({**SMALL, "d": 100})
 

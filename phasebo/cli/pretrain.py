@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
               "probe_steps"):
         st = model.settings[k]
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=st.default, help=st.doc)
-    for k in ("vit_patch", "phase1"):
+    for k in ("vit_patch", "vit_mixing", "phase1"):
         st = model.settings[k]
         p.add_argument(f"--{k.replace('_', '-')}", type=st.type, choices=st.choices,
                        default=st.default, help=st.doc)

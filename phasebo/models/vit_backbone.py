@@ -7,7 +7,9 @@ tokens of ``patch^2`` pixels.
 
 **The ViT** (pre-LayerNorm, equinox): a linear patch embedding of width ``w``, a learned CLS token
 and position embeddings, blocks ``h += MHA(LN(h)); h += MLP(LN(h))`` (GELU MLP of width ``2 w``),
-a final LayerNorm and a linear head on the CLS token; PyTorch's default initialisation.
+a final LayerNorm and a linear head on the CLS token; PyTorch's default initialisation. With
+``mixing = "cls"`` every block but the last is *local*: a patch token attends only to itself, the
+CLS token to every token.
 
 **Pretraining** (phase 1), cached: the whole ViT trained on the clean pretraining split (AdamW
 1e-3, full batch), then for ``phase1 = "linear_probe"`` a fresh head trained alone on the frozen
@@ -118,14 +120,21 @@ class Block(eqx.Module):
     W2: jax.Array
     b2: jax.Array
     heads: int = eqx.field(static=True)
+    local: bool = eqx.field(static=True, default=False)
 
     def attention(self, L):
-        """Softmax attention weights ``(m, H, T, T)`` of the normalised tokens ``L (m, T, w)``."""
+        """Softmax attention weights ``(m, H, T, T)`` of the normalised tokens ``L (m, T, w)``;
+        in a ``local`` block a patch token attends only to itself (the CLS row, the first, to
+        every token)."""
         m, T, w = L.shape
         dh = w // self.heads
         q = _affine(L, self.Wq, self.bq).reshape(m, T, self.heads, dh)
         k = _affine(L, self.Wk, self.bk).reshape(m, T, self.heads, dh)
         a = jnp.einsum("mthd,mshd->mhts", q, k) / math.sqrt(dh)
+        if self.local:
+            allowed = np.eye(T, dtype=bool)
+            allowed[0] = True  # the CLS row: every token
+            a = jnp.where(allowed, a, -jnp.inf)
         return jax.nn.softmax(a, axis=-1), a
 
     def finish(self, h, L, s):
@@ -179,7 +188,9 @@ def _linear(key, fan_in, fan_out):
 
 
 def init_vit(key, width: int, depth: int, heads: int, n_classes: int = 10,
-             patch: int = 2) -> ViT:
+             patch: int = 2, mixing: str = "all") -> ViT:
+    """A ViT in PyTorch's default initialisation; ``mixing = "cls"`` makes every block but the
+    last ``local`` (:meth:`Block.attention`)."""
     ks = jr.split(key, depth + 4)
     blocks = []
     for i in range(depth):
@@ -192,7 +203,7 @@ def init_vit(key, width: int, depth: int, heads: int, n_classes: int = 10,
         W2, b2 = _linear(k2, 2 * width, width)
         one, zero = jnp.ones(width, jnp.float32), jnp.zeros(width, jnp.float32)
         blocks.append(Block(one, zero, Wq, bq, Wk, bk, Wv, bv, Wo, bo, one, zero, W1, b1, W2, b2,
-                            heads))
+                            heads, mixing == "cls" and i < depth - 1))
     We, be = _linear(ks[depth], patch * patch, width)
     Wh, bh = _linear(ks[depth + 1], width, n_classes)
     # float32 throughout (x64 on or off): the stored backbone is float32, whatever a run's dtype
@@ -218,6 +229,8 @@ def backbone_settings(static) -> dict:
     # settings added later enter the key only away from their defaults (stored backbones stay)
     if getattr(static, "vit_patch", 2) != 2:
         cfg["patch"] = static.vit_patch
+    if getattr(static, "vit_mixing", "all") != "all":
+        cfg["mixing"] = static.vit_mixing
     if getattr(static, "phase1", "joint") == "linear_probe":
         cfg["probe_steps"] = static.probe_steps
     return cfg
@@ -255,7 +268,7 @@ def _adamw_loop(loss, params, steps: int, desc: str, quiet: bool):
 
 def _accuracy(model: ViT, split_name: str, patch: int) -> float:
     x, y = (jnp.asarray(a) for a in digits(patch)[split_name])
-    return float(jnp.mean(jnp.argmax(model(x), -1) == y))
+    return float(jnp.mean(jnp.argmax(model(x), -1).astype(y.dtype) == y))  # int64 under x64
 
 
 def linear_probe(model: ViT, cfg: dict, quiet: bool = False) -> tuple[ViT, dict]:
@@ -298,7 +311,7 @@ def pretrain(cfg: dict, quiet: bool = False) -> tuple[ViT, dict]:
     else:
         x, y = (jnp.asarray(a) for a in digits(patch)["pretrain"])
         model = init_vit(jr.PRNGKey(cfg["seed"]), cfg["width"], cfg["depth"], cfg["heads"],
-                         patch=patch)
+                         patch=patch, mixing=cfg.get("mixing", "all"))
         params, static = eqx.partition(model, eqx.is_array)
 
         def loss(p):
@@ -323,7 +336,7 @@ def _load(cfg: dict, quiet: bool = False) -> ViT:
     # a run's init calls this while it is being traced: load (or train) eagerly, outside it
     with jax.ensure_compile_time_eval():
         like = init_vit(jr.PRNGKey(0), cfg["width"], cfg["depth"], cfg["heads"],
-                        patch=cfg.get("patch", 2))
+                        patch=cfg.get("patch", 2), mixing=cfg.get("mixing", "all"))
         weights = path.with_suffix(".eqx")
         if weights.exists():
             model = eqx.tree_deserialise_leaves(weights, like)
