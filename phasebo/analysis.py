@@ -230,10 +230,11 @@ def finite_counts(df: pd.DataFrame, by: Sequence[str], metric: str) -> pd.Series
     average over; fewer than ``n_seeds`` where a run has no value, e.g. a flipped-sample metric
     of a run that drew no flip)."""
     work = _never_as_nan(df, [metric])
-    if "status" in work.columns:
-        work = work[work["status"].astype(str) == "ok"]
+    ok = (work["status"].astype(str) == "ok") if "status" in work.columns else True
     v = pd.to_numeric(work[metric], errors="coerce").astype(float)
-    return np.isfinite(v).groupby([work[k] for k in by], sort=True, observed=True).sum()
+    # grouped as aggregate groups (NaN keys kept); a cell whose runs all failed counts 0
+    return (np.isfinite(v) & ok).groupby([work[k] for k in by], sort=True, dropna=False,
+                                         observed=True).sum()
 
 
 def wilson(k, n, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:

@@ -145,7 +145,8 @@
         colorscale: colorscale(), zmin: -0.5, zmax: D.cats.length - 0.5, xgap: 1, ygap: 1,
         showscale: false, hoverongaps: false};
       const layout = {title: {text: D.slice_text[k] || "regime", font: {size: 13}},
-        margin: {l: 60, r: 10, t: 36, b: 50}, showlegend: false,
+        margin: {l: 60, r: 30, t: 36, b: 50}, showlegend: false,
+        modebar: {orientation: "v"},  // beside the plot: across the top it hid a small panel's title
         xaxis: {title: {text: label(D.x)}, ...ticks(D.xs), range: [-0.5, D.xs.length - 0.5]},
         yaxis: D.y ? {title: {text: label(D.y)}, ...ticks(D.ys),
                       range: [-0.5, D.ys.length - 0.5]}

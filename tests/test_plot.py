@@ -255,6 +255,10 @@ def test_one_axis_sweeps_get_line_plots_with_se_bands(tmp_path):
     runs.loc[runs.index[0], "test_acc"] = np.nan
     fig, ax = P.line_plot(runs, "signal_norm", "test_acc")
     assert "2–3 seeds" in ax.get_title()
+    counts = A.finite_counts(runs.assign(status=np.where(runs["signal_norm"] == 3.0, "diverged",
+                                                         runs["status"])), ["signal_norm"],
+                             "test_acc")
+    assert counts.tolist() == [0, 3, 3]  # a cell whose runs all failed counts none
     _png(fig, tmp_path / "line_missing.png")
 
 

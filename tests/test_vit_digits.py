@@ -155,6 +155,9 @@ def test_the_cls_row_forward_equals_the_full_vit(x64, mixing):
     import equinox as eqx
 
     m = eqx.combine(params, fixed)
+    # as trained and as read back from the cache: local blocks where the setting asks for them
+    for vit in (m, B.load_backbone(st, quiet=True)):
+        assert [b.local for b in vit.blocks] == [mixing == "cls", False]
     f, s, (a, smax) = model.forward(m, batch, model.precompute(m, batch, st))
     np.testing.assert_allclose(f, m(batch.X), rtol=1e-12, atol=1e-12)
     h = m.embed(batch.X)

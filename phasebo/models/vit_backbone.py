@@ -191,6 +191,8 @@ def init_vit(key, width: int, depth: int, heads: int, n_classes: int = 10,
              patch: int = 2, mixing: str = "all") -> ViT:
     """A ViT in PyTorch's default initialisation; ``mixing = "cls"`` makes every block but the
     last ``local`` (:meth:`Block.attention`)."""
+    if mixing not in ("all", "cls"):
+        raise ValueError(f"mixing = {mixing!r}: 'all' or 'cls'")
     ks = jr.split(key, depth + 4)
     blocks = []
     for i in range(depth):

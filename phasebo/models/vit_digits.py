@@ -23,8 +23,8 @@ h += MLP(LN(h))`` (``vit_heads`` heads, GELU MLP of width ``2 vit_width``), a fi
 a linear head on the CLS token. ``vit_mixing = "cls"``: in every block before the last a patch
 token attends only to itself and the CLS token to every token, so the last block sees patch
 tokens that still describe their own patch and a CLS input that differs per image (with full
-mixing every token already carries the digit's class, and far fewer wrong classes are reachable
-by the last block's attention; ``docs/experiments.md``).
+mixing, a search of the last block's attention reaches fewer wrong classes and fewer flipped
+labels are memorised; ``docs/experiments.md``).
 
 **Phase 1 (pretraining, cached).** The whole backbone is trained on the clean pretraining split
 (10 classes, AdamW 1e-3, full batch, ``pretrain_steps`` steps, seed ``pretrain_seed``), which
