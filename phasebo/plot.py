@@ -500,7 +500,6 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     ax.set_ylabel(_label(value))
     if any(ax.get_legend_handles_labels()[1]):
         ax.legend(fontsize=7)
-    # the seeds with a value (a flipped-sample metric has none where a run drew no flip)
     k = cells["n_seeds"] if A.is_aggregate(runs) else A.finite_counts(runs, [x, *hue], value)
     text = settings_text(runs, skip=(x, *hue))
     ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
