@@ -105,6 +105,14 @@ def _fit(u: np.ndarray, yb: np.ndarray, w: np.ndarray, iters: int = 60):
     return a, c, ll, ll0
 
 
+def _quantiles(v: np.ndarray, q) -> np.ndarray:
+    """``np.quantile`` (linear) of values that may be +-inf: a quantile that reaches an infinite
+    value is that infinity (the plain call gives NaN from inf - inf)."""
+    big = np.finfo(float).max
+    out = np.quantile(np.clip(v, -big, big), q)
+    return np.where(out >= big / 2, np.inf, np.where(out <= -big / 2, -np.inf, out))
+
+
 def _t_quantile(p: float, nu: int) -> float:
     """Student-t quantile by the Cornish-Fisher expansion (error < 1e-3 for nu >= 3)."""
     z = NormalDist().inv_cdf(p)
@@ -149,11 +157,17 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     a, c, ll, ll0 = _fit(u, yb, w)
     with np.errstate(divide="ignore", invalid="ignore"):
         t_star = m + s * (-a / c)
+    # a replicate that drew no A run (or no B run) places the boundary nowhere in the range: its
+    # fit is the ridge's, not the data's (a huge finite x). It lies beyond the sampled x on the
+    # side the full fit puts that regime's absence: +-inf, so that too few seeds read unbounded
+    has_a, has_b = (w[1:] * (yb == 0)).sum(1) > 0, (w[1:] * (yb == 1)).sum(1) > 0
+    up = 1.0 if c[0] >= 0 else -1.0  # B toward larger x
+    t_star[1:] = np.where(~has_b, up * np.inf, np.where(~has_a, -up * np.inf, t_star[1:]))
     back = np.exp if log else (lambda v: v)
     est = float(t_star[0])
-    boots = t_star[1:][np.isfinite(t_star[1:])]
+    boots = t_star[1:][~np.isnan(t_star[1:])]
     alpha = (1 - level) / 2
-    lo, hi = (np.quantile(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
+    lo, hi = (_quantiles(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
     # a bootstrap over U seeds underestimates the spread by sqrt((U - 1) / U) and ignores that
     # the spread itself is estimated: widen by t_{U-1} sqrt(U / (U - 1)) / z (≈ 1.10 at U = 20)
     f = _t_quantile(1 - alpha, U - 1) * math.sqrt(U / max(U - 1, 1)) / NormalDist().inv_cdf(
@@ -332,7 +346,7 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
         boots = np.array([_first_crossing(u, np.nanmean(vals[rng.integers(0, U, U)], axis=0),
                                           level)[0] for _ in range(n_boot)])
         boots = boots[np.isfinite(boots)]
-        lo, hi = (np.quantile(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
+        lo, hi = (_quantiles(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
         back = np.exp if log else (lambda v: v)
         rows.append({**dict(zip(keys, key)), "boundary": float(back(est)),
                      "lo": float(back(lo)), "hi": float(back(hi)), "n_seeds": U,

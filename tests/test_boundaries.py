@@ -12,7 +12,7 @@ import pytest
 
 import phasebo as pb
 from phasebo import config as C
-from phasebo.boundaries import boundaries, fit_power_law, summary
+from phasebo.boundaries import boundaries, bounded, fit_power_law, summary
 from phasebo.refine import parse_refine
 from phasebo.settings import ConfigError
 
@@ -241,7 +241,8 @@ def test_pooling_runs_at_the_same_point_gives_the_run_by_run_fit():
 
 def test_a_boundary_its_seeds_cannot_bound_is_unresolved():
     """Three seeds, seven runs with no clear order: the estimate lies inside the sampled range but
-    the bootstrap interval reaches 0 on the log axis; such a slice is not placed (``unbounded``,
+    the bootstrap interval is not bounded (a replicate of seed 1 alone has no benign run and
+    places no boundary: +inf); such a slice is not placed (``unbounded``,
     not ``ok``), so a summary never counts it as a placed boundary, and refining it adds seeds
     beside its estimate (a finer grid would not bound it)."""
     df = pd.DataFrame({"d": 1, "seed": [0, 0, 1, 2, 2, 2, 2],
@@ -249,7 +250,7 @@ def test_a_boundary_its_seeds_cannot_bound_is_unresolved():
                        "regime": ["benign", "harmful", "harmful", "harmful", "harmful", "benign",
                                   "benign"]})
     r = boundaries(df, "m", "d").iloc[0]
-    assert 100 <= r["boundary"] <= 1600 and not r["lo"] > 0
+    assert 100 <= r["boundary"] <= 1600 and r["hi"] == np.inf
     assert r["status"] == "unbounded"
     from phasebo.refine import Refinement, plan_round
 
@@ -257,6 +258,26 @@ def test_a_boundary_its_seeds_cannot_bound_is_unresolved():
                           False, 1)
     assert cases and {c["m"] for c in cases} == {400.0, 800.0}, cases  # beside the estimate
     assert all("root_seed" in c for c in cases)  # new seeds, not new x values
+
+
+def test_seeds_that_miss_a_regime_leave_the_interval_open_on_that_side():
+    """Three seeds whose separated slice is benign below 0.2 and not overfitting above it, one
+    seed having only the benign runs: a bootstrap replicate drawing that seed alone has no
+    boundary anywhere in range, so the interval is open (inf) where the not-overfitting runs
+    would be, instead of a huge number the logistic fit's ridge made up (the recipe's
+    three-seed slice read [-5.7e10, 1.2e11] before)."""
+    rows = [{"n": 20, "seed": s, "r": r, "regime": reg}
+            for s, pairs in ((0, [(0.1, "benign"), (0.3, "not_overfitting")]),
+                             (1, [(0.1, "benign"), (0.3, "not_overfitting")]),
+                             (2, [(0.1, "benign")]))
+            for r, reg in pairs]
+    b = boundaries(pd.DataFrame(rows), "r", "n", ("benign", "not_overfitting"), log=False)
+    r = b.iloc[0]
+    assert r["status"] == "separated" and 0.1 <= r["boundary"] <= 0.3
+    assert r["hi"] == np.inf and r["lo"] <= 0.1
+    # a replicate that draws seed 2 three times has no B run: (1/3)^3 = 3.7 % of them, more than
+    # the interval's 2.5 % upper tail, so the upper end is open
+    assert not bounded(r["lo"], r["hi"], log=False)
 
 
 def test_the_power_law_leaves_out_unbounded_slices_and_refuses_to_pool_steps():
