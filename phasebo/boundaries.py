@@ -18,9 +18,12 @@ sampled ``x`` range is ``"outside_range"`` (an extrapolation is not a measuremen
 gap between the last all-``A`` and the first all-``B`` value, since the data cannot place the
 boundary inside it. Likewise a slice whose fitted transition is narrower than the gap between
 the sampled ``x`` values on either side of its estimate is ``"unresolved"``, and its interval holds
-that gap. A slice whose estimate lies in the range but whose interval the seeds cannot bound
-(infinite, or reaching 0 on a log axis: too few seeds) is ``"unbounded"``: more seeds, not a finer
-grid, would place it.
+that gap. A bootstrap replicate that drew no run of ``A`` (or of ``B``) has no boundary in the
+range: it counts as beyond the range on that regime's side (+-inf), so an interval the seeds
+cannot bound comes out infinite. A slice whose estimate lies in the range but whose interval the
+seeds cannot bound (infinite, or reaching 0 on a log axis: too few seeds) is ``"unbounded"``:
+more seeds, not a finer grid, would place it (a ``"separated"`` slice keeps its status, with the
+open interval).
 
 **Scaling law.** :func:`fit_power_law` fits ``boundary = prefactor · x^exponent`` by weighted least
 squares on log axes, each boundary weighted by its CI (standard deviation ``log(hi/lo) / 2z``); the
