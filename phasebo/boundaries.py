@@ -349,7 +349,7 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
         boots = np.array([_first_crossing(u, np.nanmean(vals[rng.integers(0, U, U)], axis=0),
                                           level)[0] for _ in range(n_boot)])
         boots = boots[np.isfinite(boots)]
-        lo, hi = (_quantiles(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
+        lo, hi = (np.quantile(boots, [alpha, 1 - alpha]) if len(boots) else (np.nan, np.nan))
         back = np.exp if log else (lambda v: v)
         rows.append({**dict(zip(keys, key)), "boundary": float(back(est)),
                      "lo": float(back(lo)), "hi": float(back(hi)), "n_seeds": U,
