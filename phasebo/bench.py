@@ -27,9 +27,11 @@ same run, so the ratios compare like with like on this machine. Sections:
 - **vit**: the digits ViT's phase 2: a gradient step computing only the last block's CLS row
   vs the whole block, and the paper's recipe at n = 20 as a sweep.
 - **precision**: the reduced engine in float32 vs float64 at the three S2 regimes, d = 10^3 .. 10^6.
-- **gpu**: on an accelerator, block sizes by measurement, then the p-only heatmap (100 seeds), the
-  trained-W heatmap (10 seeds) and S2 with dynamics (10,000 seeds) as sweeps, with runs/s, block
-  and chunk sizes and peak device memory.
+- **gpu**: on an accelerator, the papers' sweeps each as its own ``python -m phasebo.sweep``
+  process with an empty compilation cache: the p-only heatmap (100 seeds, figures and report),
+  the trained-W heatmap (10 seeds), S2 with dynamics (10,000 seeds), the independent-noise map,
+  the map with TF32 products and with smaller blocks (:data:`phasebo.bench_maps.GPU_JOBS`;
+  ``--gpu-jobs`` picks some, ``--keep DIR`` keeps their tables to compare with a CPU run).
 
 The default sections are ``loop,engines,wp,blocks,dynamics,traces,readme``; ``all`` runs every
 section. ``--quick`` shrinks each one. Timings on a shared machine are noisy.
@@ -361,11 +363,19 @@ def section_flow(q: bool, repeat: int, out: dict) -> None:
                    "ok" if rc == 0 else f"FAILED rc={rc}: {err[-500:]}"]])
 
 
-def _sweep_proc(args: list[str], cache: Path) -> tuple[float, int, str]:
-    env = dict(os.environ, PHASEBO_CACHE=str(cache))
+def _sweep_proc(args: list[str], cache: Path, env: dict | None = None,
+                timeout: float | None = None) -> tuple[float, int, str]:
+    """``python -m phasebo.sweep ARGS`` with its compilation cache at ``cache``: (whole-process
+    seconds, exit status, stderr); a run past ``timeout`` seconds is killed (status -9).
+    ``env``: the child's whole environment (default: this process's)."""
+    env = dict(os.environ if env is None else env, PHASEBO_CACHE=str(cache))
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "phasebo.sweep", *args], env=env,
-                          capture_output=True, text=True)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "phasebo.sweep", *args], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return time.perf_counter() - t, -9, f"killed after {timeout:.0f} s\n{err}"
     return time.perf_counter() - t, proc.returncode, proc.stderr
 
 

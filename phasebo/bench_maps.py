@@ -5,13 +5,11 @@ compilation cache, timed whole process; and, on an accelerator, the same sweeps 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
-
-from .bench import _print_table, _sweep_proc, batched_rate
+from .bench import _print_table, _sweep_proc
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 
@@ -63,15 +61,42 @@ def section_heatmap(seeds: int, out: dict) -> None:
                      outputs, "target: tables, maps and figures <= 10 s")
 
 
-def section_gpu(q: bool, out: dict) -> None:
-    """For an accelerator: block sizes by measurement, then the p-only heatmap at 100 seeds, the
-    trained-W heatmap at 10 seeds and S2 with dynamics at 10,000 seeds, each as a sweep; prints
-    runs/s, the block and chunk sizes the planner chose and the peak device memory."""
-    import jax
+# The accelerator's jobs, most important first: (label, sweep file, seeds, extra arguments,
+# extra environment). Each runs as a user runs it, in its own process with an empty compilation
+# cache; the last ones rerun a map with the matrix units' TF32 rounding (JAX's GPU default,
+# which phasebo overrides) and with the planner's blocks before they were measured there.
+GPU_JOBS = (
+    ("p-only map, shared noise", "sakamoto_heatmap.toml", 100, [], {}),
+    ("W + p map", "sakamoto_heatmap_official.toml", 10, ["--no-plots"], {}),
+    ("S2 dynamics, every 10", "sakamoto_fig3.toml", 10_000, ["--no-plots"], {}),
+    ("p-only map, independent", "sakamoto_heatmap.toml", 100,
+     ["--set", "common_noise=none", "--no-plots"], {}),
+    ("p-only map, shared, TF32 dots", "sakamoto_heatmap.toml", 100, ["--no-plots"],
+     {"JAX_DEFAULT_MATMUL_PRECISION": "tensorfloat32"}),
+    ("p-only map, shared, block 26 groups", "sakamoto_heatmap.toml", 100,
+     ["--no-plots", "--block-size", "26"], {}),
+    ("p-only map, independent, block 1024", "sakamoto_heatmap.toml", 100,
+     ["--set", "common_noise=none", "--no-plots", "--block-size", "1024"], {}),
+    ("S2 dynamics, block 1024", "sakamoto_fig3.toml", 10_000,
+     ["--no-plots", "--block-size", "1024"], {}),
+)
+KEEP_COLUMNS = ("run_id", "seed", "d", "signal_norm", "status", "regime", "train_acc", "test_acc",
+                "train_loss", "train_acc_flipped")
 
-    from . import plan as P
-    from . import sweep as S
-    from .config import load_sweep
+
+def section_gpu(q: bool, out: dict, keep: str | None = None, timeout: float = 300.0,
+                jobs: list[int] | None = None) -> None:
+    """For an accelerator: the p-only heatmap (100 seeds, noise shared along ||mu||, figures and
+    report included), the trained-W heatmap (10 seeds) and S2 with dynamics (10,000 seeds), then
+    the independent-noise map, the shared map with matrix products in full float32 (JAX's
+    default on a GPU rounds them through TF32), and larger blocks than the planner's. Each is
+    ``python -m phasebo.sweep`` in its own process with an empty compilation cache; printed as
+    each finishes: whole-process wall, runs/s, the manifest's split, the final regime counts.
+    ``keep``: a directory for each job's results table (a few columns), to compare with a CPU
+    run of the same sweep (the same run ids draw the same data on every backend); ``jobs``: the
+    numbers (from 1) of the :data:`GPU_JOBS` to run (default: all)."""
+    import jax
+    import pandas as pd
 
     dev = jax.local_devices()[0]
     if dev.platform == "cpu" and not q:
@@ -79,33 +104,61 @@ def section_gpu(q: bool, out: dict) -> None:
               "`python -m phasebo.bench --sections gpu` on a GPU or TPU machine")
         out["gpu"] = "no accelerator"
         return
-    blocks = [64, 256, 1024, 4096] if not q else [16, 64]
-    rates = [batched_rate("reduced", 2000, max(blocks) * 4 if not q else 128, 1000 if not q
-                          else 50, block=b) for b in blocks]
-    best = blocks[int(np.argmax(rates))]
-    print("\n## gpu: reduced-engine runs/s by block: "
-          + ", ".join(f"{b}: {r:.0f}" for b, r in zip(blocks, rates)) + f" -> block {best}")
+    chosen = [GPU_JOBS[i - 1] for i in jobs] if jobs else list(GPU_JOBS)
+    if q:
+        chosen = [(lab, f, 1 if "heatmap" in f else 4, a, e) for lab, f, _, a, e in chosen[:5]]
+    print(f"\n## gpu: sweeps on {dev.device_kind}, each a new process with an empty compilation "
+          "cache (wall = whole process)", flush=True)
+    header = ["job", "runs", "wall s", "runs/s", "compile s", "runs s", "tables s", "regimes b/f/h/n",
+              "not ok", "status"]
     rows = []
-    jobs = (("sakamoto_heatmap.toml", 100 if not q else 1, {}),
-            ("sakamoto_heatmap_official.toml", 10 if not q else 1, {}),
-            ("sakamoto_fig3.toml", 10_000 if not q else 4, {}))
-    for name, seeds, _ in jobs:
-        spec = load_sweep(SWEEPS / name, seeds=seeds)
-        pl = P.plan(spec, block_size=best if name == "sakamoto_heatmap.toml" else None)
+    base = dict(os.environ)
+    if base.pop("PHASEBO_BENCH_PREALLOCATE_SET", None):  # set by the bench for itself only
+        base.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+    for label, name, seeds, extra, env in chosen:
+        spec_runs = _n_runs(name, seeds)
         with tempfile.TemporaryDirectory() as tmp:
-            t = time.perf_counter()
-            S.run_sweep(spec, Path(tmp) / "o", quiet=True, plots=False,
-                        block_size=best if name == "sakamoto_heatmap.toml" else None)
-            wall = time.perf_counter() - t
-        stats = dev.memory_stats() or {}
-        peak = stats.get("peak_bytes_in_use", float("nan"))
-        g = pl.groups[0]
-        out.setdefault("gpu", []).append({"sweep": name, "runs": spec.n_runs, "wall_s": wall,
-                                          "block": g.block, "chunk": g.width, "peak_bytes": peak})
-        rows.append([name, spec.n_runs, f"{wall:.1f}", f"{spec.n_runs / wall:.0f}", g.block,
-                     g.width, f"{peak / 2**30:.2f}"])
-    _print_table(f"gpu: sweeps on {dev.device_kind}", ["sweep", "runs", "wall s", "runs/s",
-                                                       "block", "chunk", "peak GiB"], rows)
+            res = Path(tmp) / "out"
+            wall, rc, err = _sweep_proc([str(SWEEPS / name), "--seeds", str(seeds), "--out",
+                                         str(res), "--quiet", *extra], Path(tmp) / "cache",
+                                        env={**base, **env}, timeout=timeout)
+            man = json.loads((res / "manifest.json").read_text()) \
+                if (res / "manifest.json").exists() else {}
+            counts, bad = "-", "-"
+            if rc == 0:
+                df = pd.read_parquet(res / "results.parquet")
+                reg = df["regime"].value_counts()
+                counts = "/".join(str(int(reg.get(r, 0))) for r in
+                                  ("benign", "fitting", "harmful", "not_overfitting"))
+                bad = int((df["status"] != "ok").sum())
+                if keep and "--block-size" not in extra:  # same runs as the default
+                    slug = "".join(c if c.isalnum() else "_" for c in label).strip("_")
+                    Path(keep).mkdir(parents=True, exist_ok=True)
+                    df[[c for c in KEEP_COLUMNS if c in df]].to_parquet(
+                        Path(keep) / f"{slug}.parquet")
+        row = {"job": label, "sweep": name, "seeds": seeds, "runs": spec_runs, "wall_s": wall,
+               "rc": rc, "compile_s": man.get("compile_s"), "run_s": man.get("run_s"),
+               "tables_figures_s": man.get("tables_figures_s"), "regimes": counts,
+               "not_ok": bad, "device": dev.device_kind}
+        out.setdefault("gpu", []).append(row)
+        rows.append([label, spec_runs, f"{wall:.1f}", f"{spec_runs / wall:.0f}",
+                     *(_s(row[k]) for k in ("compile_s", "run_s", "tables_figures_s")), counts, bad,
+                     "ok" if rc == 0 else f"FAILED rc={rc}"])
+        print(f"  {label}: {rows[-1][2:]}" + ("" if rc == 0 else f"\n{err[-1500:]}"),
+              flush=True)
+    _print_table(f"gpu: sweeps on {dev.device_kind} (whole process, empty compilation cache)",
+                 header, rows, "regimes at the last step: benign / fitting / harmful / not "
+                 "overfitting; not ok = diverged or failed runs")
+
+
+def _s(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _n_runs(name: str, seeds: int) -> int:
+    from .config import load_sweep
+
+    return load_sweep(SWEEPS / name, seeds=seeds).n_runs
 
 
 def section_wpmap(seeds: int, out: dict) -> None:

@@ -33,6 +33,32 @@ def test_bench_rejects_an_unknown_section(capsys):
     assert "unknown section" in capsys.readouterr().err
 
 
+def test_bench_rejects_gpu_jobs_it_does_not_have(capsys):
+    assert bench_main(["--sections", "gpu", "--gpu-jobs", "2,9"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-jobs = 2,9" in err and "from 1 to" in err
+
+
+def test_bench_gpu_section_runs_a_job_as_a_user_and_keeps_its_table(tmp_path, capsys,
+                                                                    monkeypatch):
+    """The accelerator's section, quick, on the CPU: the S2 dynamics job (4 seeds per setting)
+    as its own sweep process; its row and its kept results table."""
+    import pandas as pd
+
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # as the section sets it
+    out = tmp_path / "bench.json"
+    assert bench_main(["--quick", "--sections", "gpu", "--gpu-jobs", "3", "--keep",
+                       str(tmp_path / "keep"), "--json", str(out)]) == 0
+    assert "S2 dynamics, every 10" in capsys.readouterr().out
+    rec = json.loads(out.read_text())["gpu"]
+    assert [r["job"] for r in rec] == ["S2 dynamics, every 10"] and rec[0]["rc"] == 0
+    assert rec[0]["runs"] == 12 and rec[0]["not_ok"] == 0 and rec[0]["run_s"] > 0
+    kept = pd.read_parquet(tmp_path / "keep" / "S2_dynamics__every_10.parquet")
+    assert len(kept) == 12 and {"run_id", "regime", "test_acc"} <= set(kept.columns)
+    assert "/".join(str(int((kept["regime"] == r).sum())) for r in
+                    ("benign", "fitting", "harmful", "not_overfitting")) == rec[0]["regimes"]
+
+
 @pytest.mark.slow  # 38 s; the quick loop section runs by default
 def test_bench_dynamics_section_reports_the_ratios(tmp_path, capsys):
     out = tmp_path / "bench.json"

@@ -46,6 +46,25 @@ def test_each_program_is_traced_once_over_many_chunks(tmp_path):
     assert seen == {"compiles": 0}
 
 
+def test_matmul_precision_is_full_float32_unless_the_user_chose():
+    from phasebo.execute import matmul_precision
+
+    assert matmul_precision() == "highest"  # full float32 products, also on a GPU
+    with jax.default_matmul_precision("tensorfloat32"):  # a user's own choice is kept
+        assert matmul_precision() == "tensorfloat32"
+
+
+def test_compiles_are_counted_per_thread_when_asked():
+    def compile_elsewhere():
+        jax.jit(lambda x: x * 3.0 + 1.0).lower(np.ones(7, np.float32)).compile()
+
+    with count_compiles(this_thread=True) as mine, count_compiles() as every:
+        t = threading.Thread(target=compile_elsewhere)
+        t.start()
+        t.join()
+    assert mine == {"compiles": 0} and every["compiles"] >= 1
+
+
 def test_chunk_size_does_not_change_rows(tmp_path):
     spec = small_spec()
     tables = []

@@ -24,7 +24,7 @@ from ..bench import (
     section_wp,
 )
 from ..bench import __doc__ as BENCH_DOC
-from ..bench_maps import section_gpu, section_heatmap, section_wpmap
+from ..bench_maps import GPU_JOBS, section_gpu, section_heatmap, section_wpmap
 from ..bench_vit import section_vit
 
 
@@ -43,6 +43,12 @@ def build_parser(prog: str = "python -m phasebo.bench") -> argparse.ArgumentPars
                    help="timed runs per figure: one warm-up, then the best of the rest")
     p.add_argument("--steps", type=int, help="GD steps per run (default: 1000, quick: 100)")
     p.add_argument("--json", help="also write the measurements to this JSON file")
+    p.add_argument("--keep", help="gpu: keep each sweep's results table (a few columns) in this "
+                                  "directory, to compare with a CPU run of the same sweep")
+    p.add_argument("--gpu-jobs", help="gpu: comma list of the job numbers to run (from 1; "
+                                      "default all)")
+    p.add_argument("--job-timeout", type=float, default=300.0,
+                   help="gpu: seconds before a sweep is stopped (default 300)")
     p.add_argument("--cpu-devices", type=int, help="split the CPU into this many devices "
                                                    "(default: one per core, as the sweep)")
     return p
@@ -51,24 +57,19 @@ def build_parser(prog: str = "python -m phasebo.bench") -> argparse.ArgumentPars
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = (build_parser(prog) if prog else build_parser()).parse_args(argv)
     cmd = prog or "phasebo.bench"  # as the errors name the command
-    from .xla import tune_xla_cpu
-
-    tune_xla_cpu()  # as the sweep command does
-    import jax
-
-    ncpu = args.cpu_devices or os.cpu_count() or 1
-    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        try:
-            jax.config.update("jax_num_cpu_devices", ncpu)
-        except RuntimeError:  # JAX already started (called in-process): keep its devices
-            pass
-    import phasebo  # noqa: F401  (registers models and engines)
-
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     if args.precision and "precision" not in sections:
         sections.append("precision")
     if args.steps is not None and args.steps < 1:
         print(f"{cmd}: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        gpu_jobs = [int(x) for x in args.gpu_jobs.split(",")] if args.gpu_jobs else None
+    except ValueError:
+        gpu_jobs = [0]
+    if gpu_jobs and not all(1 <= j <= len(GPU_JOBS) for j in gpu_jobs):
+        print(f"{cmd}: error: --gpu-jobs = {args.gpu_jobs} must be job numbers from 1 to "
+              f"{len(GPU_JOBS)}, e.g. --gpu-jobs 1,2,3", file=sys.stderr)
         return 2
     if args.heatmap and "heatmap" not in sections:
         sections.append("heatmap")
@@ -79,6 +80,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"{cmd}: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
               "all", file=sys.stderr)
         return 2
+    from .xla import tune_xla_cpu
+
+    tune_xla_cpu()  # as the sweep command does
+    if "gpu" in sections and "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
+        # the gpu section runs its sweeps as child processes: this one must not take the
+        # accelerator's memory (JAX takes 75 % of it at start); the children get the default back
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        os.environ["PHASEBO_BENCH_PREALLOCATE_SET"] = "1"
+    import jax
+
+    ncpu = args.cpu_devices or os.cpu_count() or 1
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        try:
+            jax.config.update("jax_num_cpu_devices", ncpu)
+        except RuntimeError:  # JAX already started (called in-process): keep its devices
+            pass
+    import phasebo  # noqa: F401  (registers models and engines)
+
     devs = jax.local_devices()
     print(f"phasebo.bench: {len(devs)} {devs[0].platform} device(s), {os.cpu_count()} cores, "
           f"jax {jax.__version__}, XLA_FLAGS {os.environ.get('XLA_FLAGS', '') or '-'}"
@@ -99,7 +118,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "flow": lambda: section_flow(q, repeat, out),
         "vit": lambda: section_vit(q, repeat, out),
         "precision": lambda: section_precision(q, out, args.steps),
-        "gpu": lambda: section_gpu(q, out),
+        "gpu": lambda: section_gpu(q, out, args.keep, args.job_timeout, gpu_jobs),
     }
     # precision turns on float64 for the process: it runs after every float32 timing
     for name in [x for x in SECTIONS if x in sections]:
