@@ -97,6 +97,36 @@ def batched_rate(engine: str, d: int, n_runs: int, steps: int, block: int | None
     return width * g.members / best  # a grouped chunk holds noise groups
 
 
+def interleaved_rates(engine: str, d: int, n_runs: int, steps: int, variants: dict,
+                      rounds: int, **common) -> dict[str, list[float]]:
+    """Runs/s of several variants of one setting (``variants``: label -> extra settings), each
+    compiled and warmed up first, then timed in turns: round r times every variant once, so a
+    slow moment of a shared machine falls on all of them alike and their ratios can be taken
+    round by round (:func:`paired_ratio`)."""
+    from .execute import Executor
+
+    ready = {}
+    for label, extra in variants.items():
+        g, arrays, n_dev = _group(engine, d, n_runs, steps, None, **common, **extra)
+        ex = Executor()
+        compiled = ex.compile(g, ex.lower(g, arrays, n_dev), n_dev)
+        unit = g.block * n_dev
+        ex.compute(compiled, arrays, unit)  # warm-up (thread pools, allocator)
+        ready[label] = (compiled, arrays, unit, len(next(iter(arrays.values()))) * g.members)
+    rates: dict[str, list[float]] = {label: [] for label in variants}
+    for _ in range(max(1, rounds)):
+        for label, (compiled, arrays, unit, n) in ready.items():
+            t = time.perf_counter()
+            Executor.compute(compiled, arrays, unit)
+            rates[label].append(n / (time.perf_counter() - t))
+    return rates
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """The median over rounds of ``a[r] / b[r]`` (rates timed side by side in each round)."""
+    return float(np.median(np.asarray(a) / np.asarray(b)))
+
+
 def per_run_rate(engine: str, d: int, n_runs: int, steps: int, repeat: int = 1,
                  **extra) -> float:
     """Runs/s of one jitted run at a time (a Python loop over runs, one device)."""
@@ -304,27 +334,27 @@ S2_CASES = ((5000, 5.0), (2000, 20.0), (1000, 100.0))
 
 def section_dynamics(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
     """S2 (the fig. 3 sweep's three regimes) recorded every 10 steps, at 20 log-spaced steps and
-    not at all (the sweep's block function); beside it a plain NumPy loop over the same runs one
-    at a time (p only, W = I, no records: what a user would script)."""
+    not at all (the sweep's block function), timed in turns (:func:`interleaved_rates`: the
+    ratios are medians of round-by-round ratios); beside it a plain NumPy loop over the same
+    runs one at a time (p only, W = I, no records: what a user would script)."""
     steps = steps or 1000
     n = 256 if q else 1000
     n_np = 1 if q else 2
+    rounds = max(2 if q else 3, repeat)
     rows = []
+    variants = {"none": {}, "every 10": {"record_every": 10}, "log 20": {"record_log": 20}}
     for d, mu in ([S2_CASES[1]] if q else S2_CASES):
-        rates = {}
-        for label, rec in (("none", {}), ("every 10", {"record_every": 10}),
-                           ("log 20", {"record_log": 20})):
-            rates[label] = batched_rate("reduced", d, n, steps, repeat=repeat, signal_norm=mu,
-                                        **rec)
+        timed = interleaved_rates("reduced", d, n, steps, variants, rounds, signal_norm=mu)
+        rates = {k: float(np.median(v)) for k, v in timed.items()}
+        r10, r20 = (paired_ratio(timed[k], timed["none"]) for k in ("every 10", "log 20"))
         npr = numpy_rate(d, n_np, steps, {**SETTINGS, "signal_norm": mu})
         out.setdefault("dynamics", []).append({"d": d, "signal_norm": mu, "runs": n, **rates,
+                                               "rounds": rounds, "every10_over_none": r10,
                                                "numpy": npr})
         rows.append([d, mu, _fmt(rates["none"]), _fmt(rates["every 10"]), _fmt(rates["log 20"]),
-                     f"{rates['every 10'] / rates['none']:.2f}",
-                     f"{rates['log 20'] / rates['none']:.2f}", _fmt(npr),
-                     f"{rates['every 10'] / npr:.0f}"])
+                     f"{r10:.2f}", f"{r20:.2f}", _fmt(npr), f"{rates['every 10'] / npr:.0f}"])
     _print_table(f"dynamics: S2 runs/s with and without records ({n} runs, {steps} steps, "
-                 "reduced engine)",
+                 f"reduced engine; medians of {rounds} rounds timed in turns)",
                  ["d", "||mu||", "no records", "every 10", "log 20", "every10/none", "log20/none",
                   "numpy", "every10/numpy"], rows,
                  f"numpy: {n_np} run(s) one at a time, no records; targets: every10/none >= "

@@ -33,6 +33,11 @@ def test_bench_rejects_an_unknown_section(capsys):
     assert "unknown section" in capsys.readouterr().err
 
 
+def test_paired_ratio_is_the_median_of_the_rounds_ratios():
+    # rounds 2/1, 3/3, 10/2: a slow round (the second) moves neither variant's ratio
+    assert bench.paired_ratio([2.0, 3.0, 10.0], [1.0, 3.0, 2.0]) == 2.0
+
+
 def test_bench_rejects_gpu_jobs_it_does_not_have(capsys):
     assert bench_main(["--sections", "gpu", "--gpu-jobs", "2,9"]) == 2
     err = capsys.readouterr().err
@@ -67,6 +72,7 @@ def test_bench_dynamics_section_reports_the_ratios(tmp_path, capsys):
     assert "every10/none" in capsys.readouterr().out
     rec = json.loads(out.read_text())["dynamics"][0]
     assert all(np.isfinite(rec[k]) and rec[k] > 0 for k in ("none", "every 10", "log 20"))
+    assert rec["rounds"] == 2 and rec["every10_over_none"] > 0  # timed in turns, paired
 
 
 @pytest.mark.slow  # pretrains the quick width-32 backbone (~40 s) and runs the recipe sweep
