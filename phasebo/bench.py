@@ -138,7 +138,10 @@ def per_run_rate(engine: str, d: int, n_runs: int, steps: int, repeat: int = 1,
                                                 "steps": steps, **extra})
     one = jax.jit(lambda s, k: eng.run(model, program, s, k))
     keys = [jax.random.fold_in(key, i) for i in range(n_runs)]
-    compiled = one.lower(sw, keys[0]).compile()
+    from .execute import matmul_precision
+
+    with jax.default_matmul_precision(matmul_precision(program)):  # as the sweep's programs
+        compiled = one.lower(sw, keys[0]).compile()
     if repeat > 1:
         jax.block_until_ready(compiled(sw, keys[0]))  # warm-up
     best = math.inf
@@ -397,14 +400,17 @@ def _sweep_proc(args: list[str], cache: Path, env: dict | None = None,
                 timeout: float | None = None) -> tuple[float, int, str]:
     """``python -m phasebo.sweep ARGS`` with its compilation cache at ``cache``: (whole-process
     seconds, exit status, stderr); a run past ``timeout`` seconds is killed (status -9).
-    ``env``: the child's whole environment (default: this process's)."""
+    ``env``: the child's whole environment (default: this process's); a compilation cache of the
+    user's own (``JAX_COMPILATION_CACHE_DIR``) is left out, so ``cache`` is the one it uses."""
     env = dict(os.environ if env is None else env, PHASEBO_CACHE=str(cache))
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     t = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-m", "phasebo.sweep", *args], env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else \
+            (e.stderr or "")
         return time.perf_counter() - t, -9, f"killed after {timeout:.0f} s\n{err}"
     return time.perf_counter() - t, proc.returncode, proc.stderr
 

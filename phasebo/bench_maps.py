@@ -63,16 +63,16 @@ def section_heatmap(seeds: int, out: dict) -> None:
 
 # The accelerator's jobs, most important first: (label, sweep file, seeds, extra arguments,
 # extra environment). Each runs as a user runs it, in its own process with an empty compilation
-# cache; the last ones rerun a map with the matrix units' TF32 rounding (JAX's GPU default,
-# which phasebo overrides) and with the planner's blocks before they were measured there.
+# cache; the last ones rerun a map with the matrix units' TF32 rounding (JAX's GPU default;
+# phasebo's default is full float32) and with the planner's smaller blocks of before.
 GPU_JOBS = (
     ("p-only map, shared noise", "sakamoto_heatmap.toml", 100, [], {}),
     ("W + p map", "sakamoto_heatmap_official.toml", 10, ["--no-plots"], {}),
     ("S2 dynamics, every 10", "sakamoto_fig3.toml", 10_000, ["--no-plots"], {}),
     ("p-only map, independent", "sakamoto_heatmap.toml", 100,
      ["--set", "common_noise=none", "--no-plots"], {}),
-    ("p-only map, shared, TF32 dots", "sakamoto_heatmap.toml", 100, ["--no-plots"],
-     {"JAX_DEFAULT_MATMUL_PRECISION": "tensorfloat32"}),
+    ("p-only map, shared, TF32 dots", "sakamoto_heatmap.toml", 100,
+     ["--no-plots", "--set", "matmul_precision=tensorfloat32"], {}),
     ("p-only map, shared, block 26 groups", "sakamoto_heatmap.toml", 100,
      ["--no-plots", "--block-size", "26"], {}),
     ("p-only map, independent, block 1024", "sakamoto_heatmap.toml", 100,
@@ -88,8 +88,8 @@ def section_gpu(q: bool, out: dict, keep: str | None = None, timeout: float = 30
                 jobs: list[int] | None = None) -> None:
     """For an accelerator: the p-only heatmap (100 seeds, noise shared along ||mu||, figures and
     report included), the trained-W heatmap (10 seeds) and S2 with dynamics (10,000 seeds), then
-    the independent-noise map, the shared map with matrix products in full float32 (JAX's
-    default on a GPU rounds them through TF32), and larger blocks than the planner's. Each is
+    the independent-noise map, the shared map with TF32 matrix products (JAX's default on a GPU;
+    phasebo computes them in full float32), and smaller blocks than the planner's. Each is
     ``python -m phasebo.sweep`` in its own process with an empty compilation cache; printed as
     each finishes: whole-process wall, runs/s, the manifest's split, the final regime counts.
     ``keep``: a directory for each job's results table (a few columns), to compare with a CPU
@@ -105,8 +105,11 @@ def section_gpu(q: bool, out: dict, keep: str | None = None, timeout: float = 30
         out["gpu"] = "no accelerator"
         return
     chosen = [GPU_JOBS[i - 1] for i in jobs] if jobs else list(GPU_JOBS)
-    if q:
-        chosen = [(lab, f, 1 if "heatmap" in f else 4, a, e) for lab, f, _, a, e in chosen[:5]]
+    if q:  # one seed per map cell, 4 per S2 setting; without --gpu-jobs the first five jobs
+        chosen = [(lab, f, 1 if "heatmap" in f else 4, a, e)
+                  for lab, f, _, a, e in (chosen if jobs else chosen[:5])]
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
     print(f"\n## gpu: sweeps on {dev.device_kind}, each a new process with an empty compilation "
           "cache (wall = whole process)", flush=True)
     header = ["job", "runs", "wall s", "runs/s", "compile s", "runs s", "tables s", "regimes b/f/h/n",
@@ -133,7 +136,6 @@ def section_gpu(q: bool, out: dict, keep: str | None = None, timeout: float = 30
                 bad = int((df["status"] != "ok").sum())
                 if keep and "--block-size" not in extra:  # same runs as the default
                     slug = "".join(c if c.isalnum() else "_" for c in label).strip("_")
-                    Path(keep).mkdir(parents=True, exist_ok=True)
                     df[[c for c in KEEP_COLUMNS if c in df]].to_parquet(
                         Path(keep) / f"{slug}.parquet")
         row = {"job": label, "sweep": name, "seeds": seeds, "runs": spec_runs, "wall_s": wall,

@@ -193,7 +193,7 @@ class Executor:
         sink = [0]
         token = _TRACE_SINK.set(sink)
         try:
-            with jax.default_matmul_precision(matmul_precision()):
+            with jax.default_matmul_precision(matmul_precision(g.program)):
                 lowered = fn.lower(shapes, model=g.model, engine=g.engine, program=g.program,
                                    block=g.block, n_dev=n_dev, axis=g.axis)
         finally:
@@ -313,10 +313,10 @@ class Executor:
                 if interrupted.stop:
                     raise KeyboardInterrupt
                 if k + 1 < len(active):  # the compile and the runs share the cores, so this
-                    # saves less than the compile takes (the trained-W map, 39 programs on 2
-                    # cores: 445 -> 408 s whole process). Compiling 4 at once beside an H200's
-                    # runs (16 host cores) did not help: the trained-W map, 133 s one at a time,
-                    # was not done after 150 s
+                    # saves less than the compile takes (the trained-W map when it had 39
+                    # programs, 2 cores: 445 -> 408 s whole process). Compiling 4 at once beside
+                    # an H200's runs (16 host cores) did not help: the trained-W map (16
+                    # programs), 133 s one at a time, was not done after 150 s
                     nxt = active[k + 1]
                     ahead = _Background(self.compile, nxt[0], nxt[2], n_dev)
                 bar.resume()
@@ -537,20 +537,18 @@ def prepare_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     return model, engine, program, sw, key
 
 
-def matmul_precision() -> str:
-    """The precision every run's matrix products are traced with: the user's
-    ``jax_default_matmul_precision`` when set, else ``"highest"`` (full float32 products).
+def matmul_precision(program) -> str:
+    """The precision a program's matrix products are traced with: its ``matmul_precision``
+    setting (default ``"highest"``: full float32 products on every device, whatever JAX's own
+    default is).
 
     JAX's default lets a GPU round float32 products' operands to TF32 (10 mantissa bits).
-    Measured on an H200 (the p-only map, 152,100 runs, noise shared along ||mu||): by default 35
-    runs took another regime than on the CPU and 118 another train accuracy, losses up to 1.7 %
-    apart; with ``"highest"`` every regime, train and test accuracy equals the CPU's (losses
-    within 1e-4 relative). It costs little run time there (3.1 s against 2.9 s for the map's
-    runs) but more compiling (18.5 - 19.5 s against 12.1 - 12.7 s for its one program). On a
-    CPU it changes nothing (the same numbers, bit for bit)."""
-    import jax
-
-    return jax.config.jax_default_matmul_precision or "highest"
+    Measured on an H200 (the p-only map, 152,100 runs, noise shared along ||mu||): with it 35 -
+    36 runs (two runs) took another regime than on the CPU and 118 - 122 another train accuracy,
+    losses up to 1.7 % apart; with ``"highest"`` every regime, train and test accuracy equals
+    the CPU's (losses within 1e-4 relative), at more compile time there (19.5 s against 12.1 s
+    for the map's one program). On a CPU it changes nothing (the same numbers, bit for bit)."""
+    return getattr(program, "matmul_precision", "highest")
 
 
 def _run(sw, key, model, engine, program):
@@ -564,7 +562,7 @@ def run_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     jax = _jax()
     model, engine, program, sw, key = prepare_one(settings, seed=seed, key=key, **kw)
     fn = jax.jit(_run, static_argnames=("model", "engine", "program"))
-    with jax.default_matmul_precision(matmul_precision()):
+    with jax.default_matmul_precision(matmul_precision(program)):
         out = fn(sw, key, model=model, engine=engine, program=program)
     rec = model.recorded_steps(program)
     if out.dynamics and "step" not in out.dynamics and rec:  # GD: the static recorded steps

@@ -196,6 +196,10 @@ CORE = (
     S("n_test", 1000, int, "static", "independent clean test samples", positive),
     S("dtype", "float32", str, "static", "floating-point precision",
       choices=("float32", "float64")),
+    S("matmul_precision", "highest", str, "static", "float32 matrix products (JAX's names): "
+      "highest computes them in full float32 on every device; tensorfloat32, bfloat16 or default "
+      "let a GPU or TPU round their operands (faster there; other numbers)",
+      choices=("highest", "tensorfloat32", "bfloat16", "default"), identity=False),
     S("root_seed", 0, int, "key", "root PRNG seed; a run's key is derived from it and from the "
       "run's identity (its settings and seed)", nonneg),
     S("test_eps", 0.05, float, "host", "regime: benign iff train acc = 1 and test acc >= "

@@ -42,6 +42,20 @@ from .settings import ConfigError
 from .store import check_out_dir, prepare_out_dir, provenance, wait_for_runs, write_manifest
 
 
+def precision_notes(spec: SweepSpec) -> list[str]:
+    """A note when JAX's own default matmul precision is set: phasebo's runs follow their
+    ``matmul_precision`` setting instead."""
+    import jax
+
+    own = jax.config.jax_default_matmul_precision
+    if own is None:
+        return []
+    vals = ", ".join(sorted(map(str, spec.values("matmul_precision")))) or "highest"
+    return [f"JAX's default matmul precision is set to {own!r}, but phasebo's runs compute "
+            f"their matrix products at their matmul_precision setting ({vals}); to change it, "
+            "set matmul_precision in the sweep (e.g. --set matmul_precision=tensorfloat32)"]
+
+
 def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=None,
               block_size=None, memory_budget=None, n_devices=None, overwrite: bool = False,
               quiet: bool = False, plots: bool = True, max_chunks: int | None = None,
@@ -72,7 +86,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
               block_size=block_size)
     check_disk(pl, out_dir)
     if not quiet:
-        for note in label_noise_notes(spec) + baseline_notes(spec):
+        for note in label_noise_notes(spec) + baseline_notes(spec) + precision_notes(spec):
             print(f"{spec.name}: {note}", file=sys.stderr)
     check = None
     if plots:

@@ -46,12 +46,59 @@ def test_each_program_is_traced_once_over_many_chunks(tmp_path):
     assert seen == {"compiles": 0}
 
 
-def test_matmul_precision_is_full_float32_unless_the_user_chose():
-    from phasebo.execute import matmul_precision
+@pytest.mark.parametrize("precision", ["highest", "tensorfloat32"])
+def test_programs_are_traced_at_their_matmul_precision(precision, monkeypatch):
+    """A sweep's program and run_one's carry the run's ``matmul_precision`` (default: full
+    float32 products, whatever JAX's own default), and the setting is a results column."""
+    import jax.numpy as jnp
 
-    assert matmul_precision() == "highest"  # full float32 products, also on a GPU
-    with jax.default_matmul_precision("tensorfloat32"):  # a user's own choice is kept
-        assert matmul_precision() == "tensorfloat32"
+    import phasebo.execute as E
+    from phasebo.grid import chunk_arrays
+
+    settings = {"model": "prompt_attention", "steps": 3, "n_test": 20, "d": 300}
+    if precision != "highest":
+        settings["matmul_precision"] = precision
+    spec = spec_from_dict(settings, seeds=2)
+    pl = P.plan(spec)
+    g = pl.groups[0]
+    arrays = chunk_arrays(spec, g, [(g.cells[0], np.arange(2))], g.block * pl.n_dev)[0]
+    with jax.default_matmul_precision("bfloat16"):  # JAX's own default does not decide
+        text = Executor().lower(g, {k: jnp.asarray(v) for k, v in arrays.items()},
+                                pl.n_dev).as_text()
+    assert ("HIGHEST" in text) == (precision == "highest")
+    seen = []
+    real = E._run
+
+    def spy(*a, **kw):
+        seen.append(jax.config.jax_default_matmul_precision)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(E, "_run", spy)
+    E.run_one(settings)
+    assert seen == [precision]
+
+
+def test_a_jax_default_precision_gets_a_note_that_the_setting_decides():
+    from phasebo.sweep import precision_notes
+
+    spec = spec_from_dict({"model": "prompt_attention", "d": 300}, seeds=1)
+    assert precision_notes(spec) == []
+    with jax.default_matmul_precision("bfloat16"):
+        (note,) = precision_notes(spec)
+    assert "'bfloat16'" in note and "matmul_precision setting (highest)" in note
+
+
+def test_a_resume_at_another_matmul_precision_is_refused(tmp_path):
+    from phasebo.settings import ConfigError
+
+    spec = spec_from_dict({"model": "prompt_attention", "steps": 3, "n_test": 20, "d": 300},
+                          seeds=2)
+    df = run_sweep(spec, tmp_path / "o", quiet=True, plots=False)
+    assert (df["matmul_precision"] == "highest").all()
+    # one more seed: the directory's runs at full float32 would be pooled with new TF32 ones
+    other = spec_from_dict({**spec.fixed, "matmul_precision": "tensorfloat32"}, seeds=3)
+    with pytest.raises(ConfigError, match="matmul_precision had"):
+        run_sweep(other, tmp_path / "o", quiet=True, plots=False)
 
 
 def test_compiles_are_counted_per_thread_when_asked():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -47,11 +48,35 @@ def build_parser(prog: str = "python -m phasebo.bench") -> argparse.ArgumentPars
                                   "directory, to compare with a CPU run of the same sweep")
     p.add_argument("--gpu-jobs", help="gpu: comma list of the job numbers to run (from 1; "
                                       "default all)")
-    p.add_argument("--job-timeout", type=float, default=300.0,
+    p.add_argument("--job-timeout", type=float,
                    help="gpu: seconds before a sweep is stopped (default 300)")
     p.add_argument("--cpu-devices", type=int, help="split the CPU into this many devices "
                                                    "(default: one per core, as the sweep)")
     return p
+
+
+def _gpu_options(args, sections: list[str]) -> tuple[list[int] | None, str | None]:
+    """The gpu section's job numbers, and why its options are refused (None: they are fine):
+    each must be a value it can use, and given only with that section."""
+    given = [f for f, v in (("--gpu-jobs", args.gpu_jobs), ("--keep", args.keep),
+                            ("--job-timeout", args.job_timeout)) if v is not None]
+    if given and "gpu" not in sections:
+        return None, f"{given[0]} applies to the gpu section only; fix: add --sections gpu"
+    jobs = None
+    if args.gpu_jobs is not None:
+        try:
+            jobs = [int(x) for x in args.gpu_jobs.split(",")]
+        except ValueError:
+            jobs = []
+        if not jobs or not all(1 <= j <= len(GPU_JOBS) for j in jobs):
+            return None, (f"--gpu-jobs = {args.gpu_jobs!r} must be job numbers from 1 to "
+                          f"{len(GPU_JOBS)}; fix: e.g. --gpu-jobs 1,2,3")
+    t = args.job_timeout
+    if t is not None and not (math.isfinite(t) and t > 0):
+        return None, f"--job-timeout = {t} must be a number of seconds > 0; fix: e.g. 300"
+    if args.keep is not None and Path(args.keep).exists() and not Path(args.keep).is_dir():
+        return None, f"--keep {args.keep} is a file, not a directory; fix: give a directory"
+    return jobs, None
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -63,14 +88,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.steps is not None and args.steps < 1:
         print(f"{cmd}: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
         return 2
-    try:
-        gpu_jobs = [int(x) for x in args.gpu_jobs.split(",")] if args.gpu_jobs else None
-    except ValueError:
-        gpu_jobs = [0]
-    if gpu_jobs and not all(1 <= j <= len(GPU_JOBS) for j in gpu_jobs):
-        print(f"{cmd}: error: --gpu-jobs = {args.gpu_jobs} must be job numbers from 1 to "
-              f"{len(GPU_JOBS)}, e.g. --gpu-jobs 1,2,3", file=sys.stderr)
-        return 2
     if args.heatmap and "heatmap" not in sections:
         sections.append("heatmap")
     if sections == ["all"]:
@@ -79,6 +96,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if bad:
         print(f"{cmd}: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
               "all", file=sys.stderr)
+        return 2
+    gpu_jobs, why = _gpu_options(args, sections)
+    if why:
+        print(f"{cmd}: error: {why}", file=sys.stderr)
         return 2
     from .xla import tune_xla_cpu
 
@@ -118,7 +139,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "flow": lambda: section_flow(q, repeat, out),
         "vit": lambda: section_vit(q, repeat, out),
         "precision": lambda: section_precision(q, out, args.steps),
-        "gpu": lambda: section_gpu(q, out, args.keep, args.job_timeout, gpu_jobs),
+        "gpu": lambda: section_gpu(q, out, args.keep, args.job_timeout or 300.0, gpu_jobs),
     }
     # precision turns on float64 for the process: it runs after every float32 timing
     for name in [x for x in SECTIONS if x in sections]:
@@ -126,7 +147,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             jax.config.update("jax_enable_x64", True)
         run[name]()
     out["total_s"] = time.perf_counter() - t0
+    failed = [r["job"] for r in out.get("gpu", []) if isinstance(r, dict) and r.get("rc")]
     print(f"\nphasebo.bench: done in {out['total_s']:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if failed:  # their rows say why; a script running the bench must not read success
+        print(f"phasebo.bench: {len(failed)} gpu job(s) failed: {', '.join(failed)}",
+              file=sys.stderr)
+        return 1
     return 0

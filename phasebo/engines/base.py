@@ -256,10 +256,11 @@ class Reduced(SpanEngine):
 
     def block_size(self, model, static, platform):
         if platform != "cpu":
-            # measured on an H200 (python -m phasebo.bench --sections gpu): 8192 runs against
-            # 1024, the independent-noise map 6.1 against 7.6 s of runs, S2 with dynamics 11.1
-            # against 12.8 s; the shared-noise map's noise groups likewise (8192 // 39 = 210
-            # groups; 256 groups 2.5 s against 26 groups 4.0 s)
+            # measured on an H200 (python -m phasebo.bench --sections gpu, TF32 products): 8192
+            # runs against 1024, the independent-noise map 6.1 against 7.6 s of runs, S2 with
+            # dynamics 11.1 against 12.8 s; the shared-noise map's noise groups (256 groups 2.5
+            # s, 26 groups 4.0 s). Its 8192 // 39 = 210 groups then took 3.1 s in full float32,
+            # against 4.5 s with 26 (another run, on another machine)
             return 8192
         # measured (python -m phasebo.bench --sections blocks, d 2000, 1000 steps, 2 cores): 16
         # best (316 runs/s; 4: 238, 8: 297, 32: 304)

@@ -235,6 +235,8 @@ def backbone_settings(static) -> dict:
         cfg["mixing"] = static.vit_mixing
     if getattr(static, "phase1", "joint") == "linear_probe":
         cfg["probe_steps"] = static.probe_steps
+    if getattr(static, "matmul_precision", "highest") != "highest":
+        cfg["matmul_precision"] = static.matmul_precision
     return cfg
 
 
@@ -300,7 +302,13 @@ def backbone_path(cfg: dict) -> Path:
 
 def pretrain(cfg: dict, quiet: bool = False) -> tuple[ViT, dict]:
     """Train the backbone on the clean pretraining split (then, for ``phase1 = linear_probe``,
-    probe a fresh head: :func:`linear_probe`); returns it and its record."""
+    probe a fresh head: :func:`linear_probe`); returns it and its record. Its matrix products
+    have the runs' precision (``matmul_precision``), whichever command asks for it first."""
+    with jax.default_matmul_precision(cfg.get("matmul_precision", "highest")):
+        return _pretrain(cfg, quiet)
+
+
+def _pretrain(cfg: dict, quiet: bool) -> tuple[ViT, dict]:
     t0 = time.perf_counter()
     patch = cfg.get("patch", 2)
     extra = {}
