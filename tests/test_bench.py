@@ -41,7 +41,7 @@ def test_paired_ratio_is_the_median_of_the_rounds_ratios():
 def test_bench_rejects_gpu_jobs_it_does_not_have(capsys):
     assert bench_main(["--sections", "gpu", "--gpu-jobs", "2,9"]) == 2
     err = capsys.readouterr().err
-    assert "--gpu-jobs = 2,9" in err and "from 1 to" in err
+    assert "--gpu-jobs = '2,9'" in err and "from 1 to" in err
 
 
 def test_bench_gpu_section_runs_a_job_as_a_user_and_keeps_its_table(tmp_path, capsys,

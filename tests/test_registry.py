@@ -14,6 +14,7 @@ import pytest
 import phasebo
 from phasebo import registry
 from phasebo.data import SAKAMOTO, sakamoto_roles, sakamoto_sample
+from phasebo.execute import matmul_precision
 from phasebo.metrics import vec_metrics
 from phasebo.models.base import Model
 from phasebo.settings import ConfigError
@@ -252,7 +253,8 @@ def _program(settings):
     ~2-5 s): the program's jaxpr and constants and the values it is fed, with the fixed key. A
     static setting the model ignores leaves all three unchanged."""
     model, engine, program, sw, _ = prepare_one(settings, key=KEY)
-    closed = jax.make_jaxpr(lambda s, k: engine.run(model, program, s, k))(sw, KEY)
+    with jax.default_matmul_precision(matmul_precision(program)):  # as the executor traces it
+        closed = jax.make_jaxpr(lambda s, k: engine.run(model, program, s, k))(sw, KEY)
     out = {f"const/{i}": np.asarray(c) for i, c in enumerate(closed.consts)}
     out.update({f"input/{k}": np.asarray(v) for k, v in sw.items()})
     out["jaxpr"] = np.frombuffer(str(closed.jaxpr).encode(), np.uint8)
