@@ -327,7 +327,9 @@ def test_every_swept_setting_changes_the_run(model):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(BASE))
 def test_every_static_setting_changes_the_run(model, x64):
-    assert len(_walk(model, ("static",))) >= 3
+    # matmul_precision gives the same numbers on a CPU, bit for bit (it changes the traced
+    # program: test_every_static_setting_changes_the_traced_program; numbers on a GPU: the docs)
+    assert len(_walk(model, ("static",), skip={"matmul_precision"})) >= 3
 
 
 def _static_names(model_name):
