@@ -233,9 +233,13 @@ def test_sweep_files_run_small(path, tmp_path):
     if "encoder" in models:
         small["mlp_width"] = 16
     names = set().union(*(MODELS[m].settings for m in models))
+    keep = {(spec.refine or {}).get(a) for a in ("x", "y")}  # the axes a refinement needs
+    if "constructed_query" in models or spec.values("epochs") or \
+            set(spec.values("dynamics")) - {"gd"}:  # no steps, or the length set otherwise
+        keep.add("steps")
     args = [str(path), "--out", str(tmp_path / "o"), "--seeds", "1", "--quiet", "--no-plots"]
     for k, v in small.items():
-        if k in names and not (k == "steps" and "constructed_query" in models):
+        if k in names and k not in keep:
             args += ["--set", f"{k}={v}"]
     assert main(args) == 0
     df = pd.read_parquet(tmp_path / "o" / "results.parquet")
