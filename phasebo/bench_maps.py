@@ -61,24 +61,24 @@ def section_heatmap(seeds: int, out: dict) -> None:
                      outputs, "target: tables, maps and figures <= 10 s")
 
 
-# The accelerator's jobs, most important first: (label, sweep file, seeds, extra arguments,
-# extra environment). Each runs as a user runs it, in its own process with an empty compilation
-# cache; the last ones rerun a map with the matrix units' TF32 rounding (JAX's GPU default;
-# phasebo's default is full float32) and with the planner's smaller blocks of before.
+# The accelerator's jobs, most important first: (label, sweep file, seeds, extra arguments).
+# Each runs as a user runs it, in its own process with an empty compilation cache; the last
+# ones rerun a map with the matrix units' TF32 rounding (JAX's GPU default; phasebo's default is
+# full float32) and with the planner's smaller blocks of before.
 GPU_JOBS = (
-    ("p-only map, shared noise", "sakamoto_heatmap.toml", 100, [], {}),
-    ("W + p map", "sakamoto_heatmap_official.toml", 10, ["--no-plots"], {}),
-    ("S2 dynamics, every 10", "sakamoto_fig3.toml", 10_000, ["--no-plots"], {}),
+    ("p-only map, shared noise", "sakamoto_heatmap.toml", 100, []),
+    ("W + p map", "sakamoto_heatmap_official.toml", 10, ["--no-plots"]),
+    ("S2 dynamics, every 10", "sakamoto_fig3.toml", 10_000, ["--no-plots"]),
     ("p-only map, independent", "sakamoto_heatmap.toml", 100,
-     ["--set", "common_noise=none", "--no-plots"], {}),
+     ["--set", "common_noise=none", "--no-plots"]),
     ("p-only map, shared, TF32 dots", "sakamoto_heatmap.toml", 100,
-     ["--no-plots", "--set", "matmul_precision=tensorfloat32"], {}),
+     ["--no-plots", "--set", "matmul_precision=tensorfloat32"]),
     ("p-only map, shared, block 26 groups", "sakamoto_heatmap.toml", 100,
-     ["--no-plots", "--block-size", "26"], {}),
+     ["--no-plots", "--block-size", "26"]),
     ("p-only map, independent, block 1024", "sakamoto_heatmap.toml", 100,
-     ["--set", "common_noise=none", "--no-plots", "--block-size", "1024"], {}),
+     ["--set", "common_noise=none", "--no-plots", "--block-size", "1024"]),
     ("S2 dynamics, block 1024", "sakamoto_fig3.toml", 10_000,
-     ["--no-plots", "--block-size", "1024"], {}),
+     ["--no-plots", "--block-size", "1024"]),
 )
 KEEP_COLUMNS = ("run_id", "seed", "d", "signal_norm", "status", "regime", "train_acc", "test_acc",
                 "train_loss", "train_acc_flipped")
@@ -106,8 +106,8 @@ def section_gpu(q: bool, out: dict, keep: str | None = None, timeout: float = 30
         return
     chosen = [GPU_JOBS[i - 1] for i in jobs] if jobs else list(GPU_JOBS)
     if q:  # one seed per map cell, 4 per S2 setting; without --gpu-jobs the first five jobs
-        chosen = [(lab, f, 1 if "heatmap" in f else 4, a, e)
-                  for lab, f, _, a, e in (chosen if jobs else chosen[:5])]
+        chosen = [(lab, f, 1 if "heatmap" in f else 4, a)
+                  for lab, f, _, a in (chosen if jobs else chosen[:5])]
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
     print(f"\n## gpu: sweeps on {dev.device_kind}, each a new process with an empty compilation "
@@ -118,13 +118,13 @@ def section_gpu(q: bool, out: dict, keep: str | None = None, timeout: float = 30
     base = dict(os.environ)
     if base.pop("PHASEBO_BENCH_PREALLOCATE_SET", None):  # set by the bench for itself only
         base.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
-    for label, name, seeds, extra, env in chosen:
+    for label, name, seeds, extra in chosen:
         spec_runs = _n_runs(name, seeds)
         with tempfile.TemporaryDirectory() as tmp:
             res = Path(tmp) / "out"
             wall, rc, err = _sweep_proc([str(SWEEPS / name), "--seeds", str(seeds), "--out",
                                          str(res), "--quiet", *extra], Path(tmp) / "cache",
-                                        env={**base, **env}, timeout=timeout)
+                                        env=base, timeout=timeout)
             man = json.loads((res / "manifest.json").read_text()) \
                 if (res / "manifest.json").exists() else {}
             counts, bad = "-", "-"
