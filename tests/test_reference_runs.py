@@ -3,8 +3,14 @@
 ``tests/data/reference_runs.npz`` holds the final metrics, per-sample arrays and dynamics of small
 runs of every model x every engine that ran it, 3 keys, float32 and float64, made by the code as it
 was before the model protocol (``tests/data/make_reference_runs.py``). Each is rerun here with the
-same key: float64 must agree to 1e-12 (relative), float32 to 1e-6 (both with a tiny absolute floor
-for values that are zero).
+same key: float64 must agree to 1e-12 (relative, 1e-13 absolute), float32 to 1e-5 relative or
+5e-6 absolute. float32 results move by a few 1e-6 with the order XLA's fusions round in
+(measured, the suite's unoptimised compiles against the stored optimised ones: a W norm 5e-6
+relative, a cumulative attention 1.1e-6 relative, an attention mass of 0.0375 1.4e-6 absolute);
+float64 is the strict check.
+
+One deliberate change: a run with no flipped label has nothing to overfit, so its
+``noisy_fit_step`` is -1 (no step), where the old code said 0.
 """
 
 import json
@@ -23,7 +29,7 @@ META = json.loads((DATA / "reference_runs.json").read_text())
 DROPPED = {"multi_layer": {"test_mode"}, "encoder": {"test_mode"},
            "constructed_query": {"test_mode"}}
 RENAMED = {"noisy_fit_step_mean": "mean_noisy_fit_step"}
-TOL = {"float32": (1e-6, 1e-6), "float64": (1e-12, 1e-13)}
+TOL = {"float32": (1e-5, 5e-6), "float64": (1e-12, 1e-13)}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +79,8 @@ def test_refactored_code_reproduces_the_stored_numbers(stored, case, dtype, seed
                 continue
             part, metric = name[len(prefix):].split("/", 1)
             got = getattr(out, part)[RENAMED.get(metric, metric)]
+            if metric == "noisy_fit_step" and stored[f"{prefix}final/n_noisy"] == 0:
+                want = np.asarray(-1)  # nothing to overfit: no step (module docstring)
             np.testing.assert_allclose(np.asarray(got, np.float64), want.astype(np.float64),
                                        rtol=rtol, atol=atol, err_msg=name)
             n_checked += 1
