@@ -138,9 +138,9 @@ def per_run_rate(engine: str, d: int, n_runs: int, steps: int, repeat: int = 1,
                                                 "steps": steps, **extra})
     one = jax.jit(lambda s, k: eng.run(model, program, s, k))
     keys = [jax.random.fold_in(key, i) for i in range(n_runs)]
-    from .execute import matmul_precision
+    from .execute import tracing
 
-    with jax.default_matmul_precision(matmul_precision(program)):  # as the sweep's programs
+    with tracing(program):  # as the sweep's programs
         compiled = one.lower(sw, keys[0]).compile()
     if repeat > 1:
         jax.block_until_ready(compiled(sw, keys[0]))  # warm-up

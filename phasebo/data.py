@@ -342,7 +342,9 @@ def sakamoto_reduced_sample(key, n: int, d: int, roles, sw: dict, *, label_mode,
     k_noise = jr.split(key, 3)[2]
     k_perp, k_z = jr.split(k_noise)
     sigma = sw["sigma_eps"]
-    z = jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype)  # one draw: e1, e2 and the factor
+    # one draw: e1, e2 and the factor. Materialised: fused into the factor's gather, XLA drew
+    # every normal again per gathered entry (threefry and erf_inv inside the gather)
+    z = materialised(jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype))
     e12 = sigma * z[: 2 * N].reshape(n, T, 2)
     L = sigma * bartlett_factor(k_perp, N, d - 2, dtype, z=z[2 * N :], k_traced=sw["dim"] - 2)
     rest = [L.reshape(n, T, -1), jnp.zeros((n, T, 1), dtype)]
@@ -472,7 +474,9 @@ def magen_reduced_sample(key, n: int, d: int, T: int, sw: dict, *, label_mode, l
     k_perp, k_z = jr.split(jr.split(key, 3)[2])
     sigma = sw["sigma_eps"]
     noisy = jnp.asarray(noisy_tokens(T, signal_noise))[None, :, None]
-    z = jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype)  # one draw: e1, e2 and the factor
+    # one draw: e1, e2 and the factor. Materialised: fused into the factor's gather, XLA drew
+    # every normal again per gathered entry (threefry and erf_inv inside the gather)
+    z = materialised(jr.normal(k_z, (2 * N + n_normals(N, d - 2),), dtype))
     e12 = sigma * z[: 2 * N].reshape(n, T, 2)
     if noise_mode == "projected":
         e12 = jnp.zeros_like(e12)
