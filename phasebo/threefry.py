@@ -4,14 +4,16 @@ Every ``jax.random`` draw hashes counters with Threefry-2x32 (Salmon et al. 2011
 ``x0 += x1; x1 = rotl(x1, r) ^ x0`` on 32-bit words, a key injection after each 4. On the CPU,
 JAX lowers the 5 groups of 4 rounds as a 5-trip loop, so each trip reads and writes the whole
 array of counters; everywhere else it lowers them unrolled, one fused elementwise pass. Measured
-on 2 cores (jaxlib 0.10.2, 1024 runs x 16,384 normals, vmapped): ``jax.random.normal`` 12.5 ns
-a number with the loop, 3.4 ns unrolled, and the program compiled faster (0.18 s against 0.55 s).
+on 2 cores (jaxlib 0.10.2, 1024 runs x 16,384 normals, vmapped, two runs): ``jax.random.normal``
+12.0 - 12.5 ns a number with the loop, 3.4 - 3.8 ns unrolled, and the program compiled faster
+(0.18 - 0.20 s against 0.43 - 0.55 s).
 A run of the independent-noise reduced engine draws ~29,000 normals before its first step (its
 Wishart factor and its projected test set).
 
-The hash is integer arithmetic, so the bits are the same bit for bit (a test checks a NumPy
-Threefry and the published test vector). :func:`unroll_threefry_cpu` registers the unrolled
-lowering for the CPU; ``PHASEBO_XLA_TUNING=0`` leaves JAX's own.
+The hash is integer arithmetic, so the bits are the same bit for bit (tests check a NumPy
+Threefry against the published test vectors, the lowering against it, and draws against JAX's
+own lowering). :func:`unroll_threefry_cpu` registers the unrolled lowering for the CPU;
+``PHASEBO_XLA_TUNING=0`` leaves JAX's own.
 """
 
 from __future__ import annotations
