@@ -197,6 +197,10 @@ def projection_normals(key: jax.Array, shape, dtype) -> jax.Array:
     return materialised(jr.normal(jr.fold_in(key, 1), (*shape, 2), dtype))
 
 
+# Rows of the scatter that materialises a draw (see materialised)
+MATERIALISE_ROWS = 8
+
+
 def materialised(x: jax.Array) -> jax.Array:
     """``x``, computed once into memory (the same values). XLA fuses an elementwise producer into
     its consumers, so a draw read at every recorded step (inside the step loop, or vmapped over the
@@ -204,9 +208,18 @@ def materialised(x: jax.Array) -> jax.Array:
     more than the record's own arithmetic. ``lax.optimization_barrier`` does not stop it on the CPU
     (the barrier is removed before fusion); a scatter is never fused into a consumer. Measured on a
     1000-sample projected test set: S2 recorded every 10 steps 1.1-1.5x faster, the flow with its
-    records 1.07-1.12x (``python -m phasebo.bench --sections dynamics,flow``)."""
-    rows = jnp.arange(x.shape[0])
-    return jnp.zeros_like(x).at[rows].set(x, indices_are_sorted=True, unique_indices=True)
+    records 1.07-1.12x (``python -m phasebo.bench --sections dynamics,flow``).
+
+    The scatter writes :data:`MATERIALISE_ROWS` long rows, not one row per entry: vmapped, a
+    scatter's updates put the scatter index before the runs, so with an index per entry XLA drew
+    the values transposed (runs innermost, a strided write), ~4x slower per normal; with a few
+    rows each run's values stay contiguous (a reduced run's setup 1.28x faster, d 2000). A
+    single row would be an overwrite XLA removes."""
+    L = x.size
+    flat = jnp.pad(x.reshape(-1), (0, -L % MATERIALISE_ROWS)).reshape(MATERIALISE_ROWS, -1)
+    rows = jnp.arange(MATERIALISE_ROWS)
+    out = jnp.zeros_like(flat).at[rows].set(flat, indices_are_sorted=True, unique_indices=True)
+    return out.reshape(-1)[:L].reshape(x.shape)
 
 
 # --------------------------------------------------------------------------------------------
