@@ -262,6 +262,11 @@ class Reduced(SpanEngine):
             # s, 26 groups 4.0 s). Its 8192 // 39 = 210 groups then took 3.1 s in full float32,
             # against 4.5 s with 26 (another run, on another machine)
             return 8192
-        # measured (python -m phasebo.bench --sections blocks, d 2000, 1000 steps, 2 cores): 16
-        # best (316 runs/s; 4: 238, 8: 297, 32: 304)
-        return 16
+        if is_flow(static) or is_limit(static):
+            return 16  # measured for GD (316 runs/s; 4: 238, 8: 297, 32: 304), kept for these
+        # GD, measured in turns on 2 cores (d 2000, 1000 steps, 1536 runs, runs/s): without
+        # records 16: 1137, 32: 1181, 48: 1266, 64: 1290 (128: 814, the Grams out of cache); with
+        # records every 10 steps 24: 709, 32: 720, 48: 621 (the records' metrics pass is large).
+        # 64 float32 Grams of N = 160 are 6.5 MiB: the cap keeps larger N under 8 MiB
+        gram = (static.n * static.T) ** 2 * model.item(static)
+        return max(4, min(32 if model.n_records(static) else 64, (8 << 20) // gram))
