@@ -26,6 +26,12 @@ ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 PARITY = 0x1BD11BDA  # Threefry's key-schedule constant
 
 
+def tuning_off(environ=os.environ) -> bool:
+    """``PHASEBO_XLA_TUNING=0``: keep JAX's and XLA's own CPU choices (this lowering, and the
+    flags of :func:`phasebo.cli.xla.tune_xla_cpu`)."""
+    return environ.get("PHASEBO_XLA_TUNING", "1") == "0"
+
+
 def threefry2x32(k1, k2, x1, x2, xp=None):
     """Threefry-2x32 of the counter words ``(x1, x2)`` under the key ``(k1, k2)``, all uint32,
     broadcast together: ``(y1, y2)``. ``xp``: the array module (``jax.numpy``, or NumPy for the
@@ -55,7 +61,7 @@ def unroll_threefry_cpu(environ=os.environ) -> bool:
     """Lower ``threefry2x32`` unrolled on the CPU from now on in this process (idempotent; JAX's
     lowering tables are its own process-wide registry). Not with ``PHASEBO_XLA_TUNING=0``.
     Returns whether it is registered."""
-    if environ.get("PHASEBO_XLA_TUNING", "1") == "0":
+    if tuning_off(environ):
         return False
     from jax.extend.random import threefry2x32_p
     from jax.interpreters import mlir

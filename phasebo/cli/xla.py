@@ -20,8 +20,10 @@ def tune_xla_cpu(environ=os.environ) -> bool:
     (tested on a small sweep). Returns whether it was added."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from ..threefry import tuning_off
+
     flags = environ.get("XLA_FLAGS", "")
-    if environ.get("PHASEBO_XLA_TUNING", "1") == "0" or "xla_cpu_experimental_ynn" in flags:
+    if tuning_off(environ) or "xla_cpu_experimental_ynn" in flags:
         return False
     try:
         major_minor = tuple(int(x) for x in version("jaxlib").split(".")[:2])
