@@ -14,6 +14,7 @@ function               what
 ``cases_figure``       the cells of a ``[[cases]]`` sweep side by side (no map of unrun cells)
 ``boundary_figure``    a regime map with boundaries, their fit (3+ slices) and the theory
 ``line_plot``          a metric against one axis, mean and SE band per hue (1-D sweeps)
+``regime_shares``      the share of seeds in each regime against one axis, Wilson bands
 ``attention_dynamics`` softmax mass per token of the tracked samples (Sakamoto & Sato Figs. 3-5)
 ``ss_dynamics``        group means of s(1−s), clean vs flipped
 ``accuracy_dynamics``  train/test accuracy and losses vs log-step (delayed generalisation)
@@ -71,6 +72,7 @@ from .plot_grid import (  # noqa: F401 (the grid helpers and overlays: re-export
     slice_tag,
     slice_text,
 )
+from .plot_lines import line_plot, regime_shares  # noqa: F401 (re-exported)
 from .plot_style import (  # noqa: F401 (ROLE_*, LABELS, plt: re-exported for notebooks)
     CORE_REGIMES,
     LABELS,
@@ -464,46 +466,6 @@ def cases_figure(df: pd.DataFrame, metrics: Sequence[str] = ("train_acc", "test_
     text = settings_text(df, skip=cases)
     ax.set_title(title or f"mean ± SE, {_seed_text(cells)}" + (f"\n{text}" if text else ""),
                  fontsize=10)
-    return fig, ax
-
-
-def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[str] | None = None,
-              ax=None, where: Mapping | None = None, logx: bool | None = None,
-              title: str | None = None):
-    """``value`` against ``x``: the mean over seeds with a ±1 SE band, one line per ``hue`` cell
-    (default: the other axes that vary). For 1-D sweeps and slices of maps."""
-    runs = A.select(df, where)
-    cells = runs if A.is_aggregate(runs) else None
-    if hue is None:
-        hue = [a for a in A.cell_axes(runs) if a != x] if cells is None else []
-    if cells is None:
-        cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
-    fig, ax = _new(ax, (6.0, 4.0))
-    colors = plt.get_cmap("tab10").colors
-    groups = cells.groupby(list(hue), sort=True) if hue else [((), cells)]
-    for i, (key, sub) in enumerate(groups):
-        sub = sub.sort_values(x)
-        xv = sub[x].to_numpy(float)
-        m = sub[f"{value}_mean"].to_numpy(float)
-        se = np.nan_to_num(sub[f"{value}_se"].to_numpy(float))
-        key = key if isinstance(key, tuple) else (key,)
-        lab = ", ".join(f"{_short(h)}={_num(k) if isinstance(k, (int, float, np.number)) else k}"
-                        for h, k in zip(hue, key)) or None
-        c = colors[i % 10]
-        ax.plot(xv, m, "o-", color=c, ms=3, lw=1.6, label=lab)
-        ax.fill_between(xv, m - se, m + se, color=c, alpha=0.2, lw=0)
-    logx = _auto_log(x, cells[x].to_numpy(float)) if logx is None else logx
-    if logx:
-        ax.set_xscale("log")
-        _plain_log(ax.xaxis)
-    ax.set_xlabel(_label(x))
-    ax.set_ylabel(_label(value))
-    if any(ax.get_legend_handles_labels()[1]):
-        ax.legend(fontsize=7)
-    k = cells["n_seeds"] if A.is_aggregate(runs) else A.finite_counts(runs, [x, *hue], value)
-    text = settings_text(runs, skip=(x, *hue))
-    ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
-                 + (f"\n{text}" if text else ""), fontsize=10)
     return fig, ax
 
 

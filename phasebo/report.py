@@ -193,22 +193,23 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
     fixed = [h[k] for k in need if h[k] in sel.columns and sel[h[k]].nunique(dropna=False) <= 1]
     if not fixed:
         return kind, h
+    was = kind
     axes = varying(df, h.get("where"))
     fixed = [f"{c} = {sel[c].iloc[0]}" for c in fixed]
     value = h.get("value", "regime" if kind == "heatmap" else "test_acc")
     if len(axes) >= 2 and kind == "heatmap":
         x, y = map_axes(axes)
         new = {**h, "x": x, "y": y}
-    elif axes and (kind == "line" or value != "regime"):
-        new, kind = {"x": axes[0], "value": "test_acc" if value == "regime" else value,
-                     "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, \
-            "line"
+    elif axes:  # one axis left: the value against it (a regime map: the regime shares)
+        new, kind = {"x": axes[0], "value": value, "where": h.get("where"),
+                     **({"hue": h["hue"]} if "hue" in h else {})}, "line"
     else:
         print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} is the only "
               "value in this sweep and no other axis varies; nothing to draw", file=sys.stderr)
         return None
-    what = f"{new['y']} vs {new['x']}" if kind == "heatmap" else f"against {new['x']}"
-    print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} is the only value "
+    what = f"{new['y']} vs {new['x']}" if kind == "heatmap" else \
+        f"as the regime shares against {new['x']}" if value == "regime" else f"against {new['x']}"
+    print(f"phasebo.plot: [plot] {was} #{i + 1} ({value}): {', '.join(fixed)} is the only value "
           f"in this sweep (fixed in the file or by --set), so it is drawn {what}",
           file=sys.stderr)
     return kind, new

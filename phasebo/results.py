@@ -385,12 +385,32 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
     df = apply_schema(df, models, engines)
     if groups is not None:
         df.attrs["column_groups"] = groups
-    if write:
-        write_table_atomic(df, out_dir / "results.parquet")
-        write_csv_atomic(df, out_dir / "results.csv")
+    if write:  # results.parquet last: while it is the old one, readers are told (check_current)
         for kind, (t, g) in tables.items():
             write_table_atomic(t, out_dir / f"{kind}.parquet", g)
+        write_csv_atomic(df, out_dir / "results.csv")
+        write_table_atomic(df, out_dir / "results.parquet")
     return df
+
+
+def check_current(out_dir: Path, n_rows: int) -> None:
+    """Refuse a ``results.parquet`` that is not the table of the directory's sweep: the manifest
+    names the runs the tables must hold (``tables_n_runs`` after a subset's command, else
+    ``n_runs``); a command that grew the sweep and did not finish (interrupted, failed or still
+    running) leaves the old, shorter table beside the new specification."""
+    from .store import read_manifest
+
+    m = read_manifest(out_dir)
+    want = m.get("tables_n_runs", m.get("n_runs"))
+    if want is None or n_rows == want:
+        return
+    last = (m.get("history") or [{}])[-1]
+    how = "was interrupted" if last.get("interrupted") else \
+        "has not finished (still running, or stopped)"
+    cmd = f" (`{last['command']}`)" if last.get("command") else ""
+    raise ConfigError(f"{out_dir}: results.parquet holds {n_rows} runs but its sweep has {want}: "
+                      f"the command that changed it{cmd} {how}; fix: run that command again to "
+                      "finish the tables, or load(..., partial=True) for every finished run")
 
 
 def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
@@ -400,7 +420,9 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
     if path.is_dir():
         f = path / "results.parquet"
         if f.exists() and not partial:
-            return read_table(f)
+            df = read_table(f)
+            check_current(path, len(df))
+            return df
         if (path / "parts").is_dir():
             if not partial:
                 raise ConfigError(f"{path} holds an unfinished sweep (no results.parquet); fix: "

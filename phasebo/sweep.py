@@ -104,15 +104,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         stats = executor.execute(pl, out_dir, quiet=quiet, max_chunks=max_chunks, share=(pi, pc),
                                  check_columns=check)
     except KeyboardInterrupt as e:
-        done = getattr(e, "stats", None)  # None: stopped while its programs were traced
         if pi == 0:  # the history says this invocation stopped, and when
-            prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), interrupted=True,
-                        wall_s=round(time.time() - t_start, 3),
-                        new_runs=done.n_new if done else 0,
-                        compile_s=round(done.compile_s if done else 0.0, 3),
-                        compile_beside_s=round(done.compile_beside_s if done else 0.0, 3),
-                        run_s=round(done.run_s if done else 0.0, 3))
-            write_manifest(out_dir, spec, prov)
+            _stopped(out_dir, spec, prov, t_start, getattr(e, "stats", None))
         lost = "" if not isinstance(e, Abandoned) else " (the compile in progress was given up)" \
             if isinstance(e, AbandonedCompile) else " (the blocks in flight were given up)"
         print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{lost}; run the "
@@ -134,11 +127,17 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     from .results import assemble
 
     t = time.perf_counter()
-    df = assemble(out_dir, spec_run_ids(spec), engines=sorted(ENGINES))
-    if plots:
-        from .report import sweep_figures
+    try:
+        df = assemble(out_dir, spec_run_ids(spec), engines=sorted(ENGINES))
+        if plots:
+            from .report import sweep_figures
 
-        sweep_figures(df, spec, out_dir, formats=formats, dpi=dpi)
+            sweep_figures(df, spec, out_dir, formats=formats, dpi=dpi)
+    except KeyboardInterrupt:
+        _stopped(out_dir, spec, prov, t_start, stats)
+        print(f"interrupted while writing the tables and figures: every run is saved under "
+              f"{out_dir / 'parts'}; run the same command again to write them", file=sys.stderr)
+        raise
     t_write = time.perf_counter() - t
     wall = time.time() - t_start
     prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=round(wall, 3),
@@ -154,6 +153,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             path, t_report = write_report(out_dir)
             report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
                           f"{path.name})")
+        except KeyboardInterrupt:
+            print(f"interrupted while writing report.html: the runs, tables and figures are "
+                  f"saved; fix: phasebo report {out_dir}", file=sys.stderr)
+            raise
         except Exception as e:  # noqa: BLE001 (said, never silent)
             print(f"{spec.name}: report.html not written ({type(e).__name__}: {e}); the "
                   f"results are saved; fix: phasebo report {out_dir}", file=sys.stderr)
@@ -175,6 +178,17 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
               + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
                  if n_div else "") + f"; results in {out_dir}", file=sys.stderr)
     return df
+
+
+def _stopped(out_dir: Path, spec, prov: dict, t_start: float, done) -> None:
+    """Record in the manifest's history that this invocation was interrupted, with what it had
+    done (``done``: the executor's stats; None when stopped while its programs were traced)."""
+    prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), interrupted=True,
+                wall_s=round(time.time() - t_start, 3), new_runs=done.n_new if done else 0,
+                compile_s=round(done.compile_s if done else 0.0, 3),
+                compile_beside_s=round(done.compile_beside_s if done else 0.0, 3),
+                run_s=round(done.run_s if done else 0.0, 3))
+    write_manifest(out_dir, spec, prov)
 
 
 if __name__ == "__main__":  # python -m phasebo.sweep: the command line's module runs it

@@ -426,3 +426,22 @@ def test_every_command_names_itself_in_its_errors(cmd, tmp_path, capsys):
     assert run([cmd, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"phasebo {cmd}: error: "), err
+
+
+@pytest.mark.parametrize("cmd", ["plot", "boundaries"])
+def test_bad_flags_of_the_figure_commands_are_one_line_errors(cmd, tmp_path, capsys):
+    """Formats, counts and --out are checked before anything is read or written; a file or an
+    impossible place as --out names the flag and the fix."""
+    from phasebo.cli import run
+
+    a_file = tmp_path / "results.csv"
+    a_file.write_text("x\n")
+    bad = [["--format", "bmpx"], ["--format", "jpg,png"], ["--out", str(a_file)],
+           ["--out", str(a_file / "below")]]
+    bad += [["--boot", "-3"], ["--boot", "1"]] if cmd == "boundaries" else [["--dpi", "0"]]
+    for flags in bad:
+        assert run([cmd, str(tmp_path), *flags]) == 2, flags
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"phasebo {cmd}: error: --"), (flags, err)
+        assert flags[0] in err[0], (flags, err)
+    assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]  # nothing written

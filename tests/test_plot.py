@@ -12,6 +12,7 @@ from phasebo import analysis as A
 from phasebo import plot as P
 from phasebo import report as R
 from phasebo.cli.plot import main as plot_main
+from phasebo.results import REGIMES
 from phasebo.sweep import run_sweep
 
 BASE = {"n": 12, "n_test": 64, "T": 6, "d": 48, "steps": 40, "lr": 0.05, "record_log": 10}
@@ -260,6 +261,27 @@ def test_one_axis_sweeps_get_line_plots_with_se_bands(tmp_path):
                              "test_acc")
     assert counts.tolist() == [0, 3, 3]  # a cell whose runs all failed counts none
     _png(fig, tmp_path / "line_missing.png")
+
+
+def test_regime_shares_are_each_cells_counts_with_wilson_bands(tmp_path):
+    spec = pb.spec_from_dict({"d": 300, "steps": 30, "n_test": 100},
+                             {"signal_norm": [3.0, 10.0, 30.0]}, seeds=4, name="shares")
+    runs = run_sweep(spec, tmp_path / "s", quiet=True, plots=False)
+    fig, ax = P.line_plot(runs, "signal_norm", "regime")  # value = "regime": the shares
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    counts = runs.groupby("signal_norm")["regime"].value_counts().unstack(fill_value=0)
+    present = [r for r in REGIMES if r in counts.columns and counts[r].any()]
+    assert labels == [r.replace("_", " ") for r in present]  # only regimes that occur
+    shares = np.array([line.get_ydata() for line in ax.get_lines()])
+    np.testing.assert_allclose(shares.sum(axis=0), 1.0)  # each cell's shares add up to one
+    for line, r in zip(ax.get_lines(), present):
+        np.testing.assert_allclose(line.get_ydata(), counts[r].to_numpy() / 4)
+    lo_hi = [c.get_paths()[0].vertices[:, 1] for c in ax.collections]
+    assert all(v.min() >= 0 and v.max() <= 1 for v in lo_hi)  # Wilson bands stay in [0, 1]
+    assert "4 seeds" in ax.get_title() and "30 steps" in ax.get_title()
+    _png(fig, tmp_path / "shares.png")
+    with pytest.raises(ValueError, match="no hue"):
+        P.line_plot(runs, "signal_norm", "regime", hue=["d"])
 
 
 def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):

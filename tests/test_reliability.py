@@ -309,3 +309,32 @@ def test_a_changed_fixed_setting_is_refused_not_mixed(tmp_path):
     # fewer values but also a new one: neither a subset nor a growth of the directory's runs
     with pytest.raises(ConfigError, match="signal_norm had 30.0 there"):
         run_sweep(_grow_spec(2, mus=(3.0, 10.0)), tmp_path / "a", quiet=True, plots=False)
+
+
+def test_tables_of_a_grow_that_did_not_finish_are_refused_until_it_does(tmp_path, capsys,
+                                                                      monkeypatch):
+    import phasebo as pb
+    from phasebo import report
+
+    out = tmp_path / "a"
+    run_sweep(_toy_spec(), out, quiet=True, plots=False)
+    grown = _toy_spec(mus=(3.0, 30.0, 10.0, 100.0, 1.0))
+    assert run_sweep(grown, out, quiet=True, plots=False, chunk_size=1, max_chunks=1) is None
+    with pytest.raises(ConfigError, match="holds 4 runs but its sweep has 10.*has not finished"):
+        pb.load(out)
+    first = len(pb.load(out, partial=True))  # the old four and the one new chunk's runs
+    assert 4 < first < 10
+
+    def stop(*a, **k):  # Ctrl-C while the figures are drawn: the tables are written by then
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "sweep_figures", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(grown, out, quiet=True)
+    assert "interrupted while writing the tables and figures" in capsys.readouterr().err
+    history = json.loads((out / "manifest.json").read_text())["history"]
+    assert history[-1]["interrupted"] and history[-1]["new_runs"] == 10 - first
+    assert len(pb.load(out)) == 10  # every run was saved before the figures: the tables are whole
+    monkeypatch.undo()
+    run_sweep(grown, out, quiet=True)  # the same command again draws the figures and the report
+    assert (out / "report.html").exists() and len(pb.load(out)) == 10

@@ -84,6 +84,16 @@ def test_a_plot_axis_fixed_by_set_draws_the_axes_that_vary(tmp_path, capsys):
     assert "so it is drawn noise_ratio vs signal_norm" in err
 
 
+def test_a_regime_map_with_one_axis_left_draws_the_regime_shares(tmp_path, capsys):
+    plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime"}]}
+    spec = pb.spec_from_dict(BASE, {"signal_norm": [1.0, 9.0]}, seeds=2, name="one", plot=plot)
+    run_sweep(spec, tmp_path / "o", quiet=True)
+    assert (tmp_path / "o" / "line_regime_vs_signal_norm.png").exists()
+    err = capsys.readouterr().err
+    assert "heatmap #1 (regime): d = 48 is the only value in this sweep" in err
+    assert "drawn as the regime shares against signal_norm" in err
+
+
 def test_a_cases_sweep_gets_no_map_and_one_dynamics_line_per_case(tmp_path):
     cases = [{"d": 48, "signal_norm": 1.0}, {"d": 64, "signal_norm": 3.0},
              {"d": 96, "signal_norm": 9.0}]

@@ -170,6 +170,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     from ..analysis import load
     from ..boundaries import boundaries, power_law_row, summary
     from ..settings import ConfigError
+    from .args import at_least, figure_formats, out_dir
 
     p = argparse.ArgumentParser(prog=prog or "phasebo boundaries",
                                 description="Estimate phase boundaries of finished sweep(s).")
@@ -181,8 +182,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     p.add_argument("--over", default="", help="settings to pool inside a slice, comma separated")
     p.add_argument("--boot", type=int, default=400, help="bootstrap replicates")
     p.add_argument("--out", help="output directory (default: the first results directory)")
-    p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--format", default="png", help="figure formats: png, pdf, svg or a comma list")
+    p.add_argument("--no-plots", action="store_true", help="write the tables only")
     p.add_argument("--step", default=None,
                    help="a recorded step (the regimes of the dynamics at that step), 'all' for "
                         "every recorded step (the boundary over time), or 'last'; default: the "
@@ -194,6 +195,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         return [c for c in text.split(",") if c]
 
     try:
+        formats = figure_formats(args.format)
+        at_least("boot", args.boot, 2)  # one replicate: an interval of width 0
+        out = out_dir(args.out) if args.out else None
         between = tuple(s.strip() for s in args.between.split(","))
         step = args.step
         if step is not None and step not in ("all", "last"):
@@ -207,8 +211,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     except (ValueError, ConfigError, FileNotFoundError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or args.results[0])
-    out.mkdir(parents=True, exist_ok=True)
+    if out is None:  # the first sweep's directory (a results file: the directory holding it)
+        first = Path(args.results[0])
+        out = first if first.is_dir() else first.parent
     when = "" if step is None else f"_step{step}" if isinstance(step, int) else f"_steps_{step}"
     stem = f"boundaries_{between[0]}_{between[1]}{when}"
     b.to_parquet(out / f"{stem}.parquet", index=False)
@@ -230,7 +235,6 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     if not args.no_plots:
         from ..plot import boundary_figure, boundary_trajectory, save
 
-        formats = [f.strip() for f in args.format.split(",")]
         figs = []
         if "step" in b.columns and b["step"].nunique() > 1:
             figs.append((boundary_trajectory(b, args.x, args.y)[0],

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..report import standard_figures, step_figures
 from ..settings import ConfigError
+from .args import at_least, figure_formats, out_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results_dir", help="a sweep's output directory")
     p.add_argument("--out", help="where to write figures (default: RESULTS_DIR/figures)")
     p.add_argument("--format", default="png", help="png, pdf, svg or a comma list")
-    p.add_argument("--dpi", type=int, default=150)
+    p.add_argument("--dpi", type=int, default=150, help="resolution of raster figures")
     p.add_argument("--step", default=None,
                    help="draw the maps at this recorded step (or 'last') from dynamics.parquet "
                         "instead of the standard figures at each run's horizon")
@@ -30,13 +31,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if prog:
         p.prog = prog
     args = p.parse_args(argv)
-    formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     try:
-        if any(f not in ("png", "pdf", "svg") for f in formats) or not formats:
-            raise ConfigError(f"--format {args.format!r}: formats are png, pdf and svg")
+        formats = figure_formats(args.format)
+        at_least("dpi", args.dpi)
         if not Path(args.results_dir).exists():
             raise ConfigError(f"{args.results_dir} does not exist; fix: give a sweep's --out "
                               "directory")
+        if args.out:
+            out_dir(args.out)
         if args.step is not None:
             step = args.step if args.step == "last" else int(args.step) \
                 if args.step.isdigit() else None

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"{name}: error: --out {args.out!r} must end in .html", file=sys.stderr)
         return 2
     from ..report_html import write_report
+    from ..settings import ConfigError
 
     if args.out and not Path(args.out).parent.exists():
         print(f"{name}: error: --out {args.out!r}: no directory {Path(args.out).parent}; fix: "
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     try:
         path, seconds = write_report(results, args.out)
+    except ConfigError as e:  # e.g. tables older than the sweep's latest command
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, KeyError, OSError) as e:
         print(f"{name}: error: {results}: the report could not be written ({type(e).__name__}: "
               f"{e})", file=sys.stderr)

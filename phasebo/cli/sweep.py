@@ -22,6 +22,7 @@ from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
 from ..store import check_out_dir, compatible, count_done, holds_runs, read_manifest
 from ..sweep import run_sweep
+from .args import at_least, figure_formats
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
 
@@ -216,14 +217,8 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
         if args.seeds is not None and args.seeds < 1:
             raise ConfigError(f"--seeds = {args.seeds} must be a positive integer")
         for flag in ("chunk_size", "block_size", "dpi", "devices", "cpu_devices"):
-            v = getattr(args, flag)
-            if v is not None and v < 1:
-                raise ConfigError(f"--{flag.replace('_', '-')} = {v} must be >= 1")
-        formats = tuple(f.strip().lower() for f in args.format.split(",") if f.strip())
-        bad = [f for f in formats if f not in ("png", "pdf", "svg")]
-        if bad or not formats:
-            raise ConfigError(f"--format {args.format!r}: formats are png, pdf and svg, e.g. "
-                              "--format png,pdf")
+            at_least(flag.replace("_", "-"), getattr(args, flag))
+        formats = figure_formats(args.format)
         budget = _parse_bytes(args.memory_budget) if args.memory_budget else None
         if args.out and len(args.files) > 1:
             raise ConfigError("--out names one directory but several sweep files were given; fix: "

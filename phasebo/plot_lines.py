@@ -1,0 +1,101 @@
+"""Figures of one swept axis: a metric's mean over seeds (:func:`line_plot`) and the share of
+seeds in each regime (:func:`regime_shares`) against it. Re-exported by :mod:`phasebo.plot`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import analysis as A
+from .plot_grid import _auto_log, _seeds, settings_text
+from .plot_style import REGIME_COLORS, _label, _new, _num, _plain_log, _short, plt
+from .results import REGIMES
+
+
+def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[str] | None = None,
+              ax=None, where: Mapping | None = None, logx: bool | None = None,
+              title: str | None = None):
+    """``value`` against ``x``: the mean over seeds with a ±1 SE band, one line per ``hue`` cell
+    (default: the other axes that vary). For 1-D sweeps and slices of maps; ``value =
+    "regime"`` draws :func:`regime_shares` (no ``hue``)."""
+    if value == "regime":
+        if hue:
+            raise ValueError(f"value = 'regime' against {x} draws one line per regime: no hue "
+                             f"({', '.join(hue)}); fix: fix them with where")
+        return regime_shares(df, x, ax=ax, where=where, logx=logx, title=title)
+    runs = A.select(df, where)
+    cells = runs if A.is_aggregate(runs) else None
+    if hue is None:
+        hue = [a for a in A.cell_axes(runs) if a != x] if cells is None else []
+    if cells is None:
+        cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
+    fig, ax = _new(ax, (6.0, 4.0))
+    colors = plt.get_cmap("tab10").colors
+    groups = cells.groupby(list(hue), sort=True) if hue else [((), cells)]
+    for i, (key, sub) in enumerate(groups):
+        sub = sub.sort_values(x)
+        xv = sub[x].to_numpy(float)
+        m = sub[f"{value}_mean"].to_numpy(float)
+        se = np.nan_to_num(sub[f"{value}_se"].to_numpy(float))
+        key = key if isinstance(key, tuple) else (key,)
+        lab = ", ".join(f"{_short(h)}={_num(k) if isinstance(k, (int, float, np.number)) else k}"
+                        for h, k in zip(hue, key)) or None
+        c = colors[i % 10]
+        ax.plot(xv, m, "o-", color=c, ms=3, lw=1.6, label=lab)
+        ax.fill_between(xv, m - se, m + se, color=c, alpha=0.2, lw=0)
+    logx = _auto_log(x, cells[x].to_numpy(float)) if logx is None else logx
+    if logx:
+        ax.set_xscale("log")
+        _plain_log(ax.xaxis)
+    ax.set_xlabel(_label(x))
+    ax.set_ylabel(_label(value))
+    if any(ax.get_legend_handles_labels()[1]):
+        ax.legend(fontsize=7)
+    k = cells["n_seeds"] if A.is_aggregate(runs) else A.finite_counts(runs, [x, *hue], value)
+    text = settings_text(runs, skip=(x, *hue))
+    ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
+                 + (f"\n{text}" if text else ""), fontsize=10)
+    return fig, ax
+
+
+def regime_shares(df: pd.DataFrame, x: str, ax=None, where: Mapping | None = None,
+                  logx: bool | None = None, title: str | None = None):
+    """The share of each cell's ok seeds in each regime against ``x``, with its Wilson 95 %
+    band: the regime "map" of a sweep with one varying axis. Only regimes that occur are drawn;
+    the shares of a cell add up to 1. Every other axis must be fixed (``where``)."""
+    runs = A.select(df, where)
+    if A.is_aggregate(runs):
+        raise ValueError("regime shares need the runs table (pb.load(path)): the aggregate's "
+                         "fractions are of its own cells")
+    others = [a for a in A.cell_axes(runs) if a != x]
+    if others:
+        raise ValueError(f"{', '.join(others)} also vary: a line per regime would pool them; "
+                         f"fix: fix them with where = {{{others[0]} = ...}}")
+    cells = A.aggregate(runs, by=[x], metrics=[]).sort_values(x)
+    fig, ax = _new(ax, (6.0, 4.0))
+    xv = cells[x].to_numpy(float)
+    for r in REGIMES:
+        p = cells[f"frac_{r}"].to_numpy(float)
+        if not np.nan_to_num(p).any():
+            continue
+        c = REGIME_COLORS[r]
+        ax.plot(xv, p, "o-", color=c, ms=3, lw=1.6, label=r.replace("_", " "))
+        ax.fill_between(xv, cells[f"frac_{r}_lo"].to_numpy(float),
+                        cells[f"frac_{r}_hi"].to_numpy(float), color=c, alpha=0.2, lw=0)
+    logx = _auto_log(x, xv) if logx is None else logx
+    if logx:
+        ax.set_xscale("log")
+        _plain_log(ax.xaxis)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel(_label(x))
+    ax.set_ylabel("share of ok seeds")
+    if any(ax.get_legend_handles_labels()[1]):
+        ax.legend(fontsize=7)
+    k = cells["n_ok"]
+    text = settings_text(runs, skip=(x,))
+    ax.set_title(title or f"regime shares (Wilson 95 % band) over "
+                 f"{_seeds(int(k.min()), int(k.max()))}" + (f"\n{text}" if text else ""),
+                 fontsize=10)
+    return fig, ax
