@@ -412,6 +412,9 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
                                   f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'"
                                   ) from None
             value = text  # a bare word such as --set model=prompt_attention
+        if key in out and out[key] != value:  # which one was meant is not ours to guess
+            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value!r}); fix: "
+                              f"give it once (a list sweeps both: --set '{key}=[...]')")
         out[key] = value
     return out
 

@@ -120,6 +120,14 @@ def free_memory_bytes() -> int:
     return 8 << 30
 
 
+def size_text(n_bytes: float) -> str:
+    """Bytes in the largest binary unit that keeps them >= 1 (KiB at least): 1.5 GiB, 12 KiB."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if n_bytes >= 2**shift:
+            return f"{n_bytes / 2**shift:.3g} {unit}"
+    return f"{n_bytes / 2**10:.3g} KiB"
+
+
 def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None,
                block_size=None) -> None:
     """Block (runs vmapped together per device) and chunk width of a group."""
@@ -132,10 +140,12 @@ def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None
         d_max = max((c.settings.get("d", 0) for c in g.cells), default=0)
         if hasattr(p, "d") and 0 < d_max < p.d:  # sized by its zero-padded program
             shape = shape.replace(f"d = {p.d}", f"d = {d_max} run padded to {p.d}", 1)
+        elif hasattr(p, "d") and d_max > p.d:  # an engine that steps in the span of the data
+            shape = shape.replace(f"d = {p.d}", f"d = {d_max} run in {p.d} span coordinates", 1)
         raise ConfigError(
-            f"{what} of {g.model.name} needs about {g.bytes_per_run / 2**30:.2f} GiB ({shape}) "
-            f"but the memory budget is {per_dev / 2**30:.2f} GiB per device; fix: lower d, n or "
-            "n_test, use test_mode = \"projected\", or raise --memory-budget")
+            f"{what} of {g.model.name} needs about {size_text(g.bytes_per_run)} ({shape}) but the "
+            f"memory budget is {size_text(per_dev)} per device; fix: lower d, n or n_test, use "
+            "test_mode = \"projected\", or raise --memory-budget")
     hint = block_size or (g.engine.block_size(g.model, g.program, platform) if g.members == 1
                           else g.engine.group_block_size(g.model, g.program, platform, g.members))
     g.block = max(1, min(hint, int(per_dev // max(g.bytes_per_run, 1))))

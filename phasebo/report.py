@@ -338,10 +338,12 @@ def representative_cells(runs: pd.DataFrame, axes: Sequence[str]) -> list[tuple[
 def step_figures(results_dir, step, out_dir=None, formats=("png",), dpi=150) -> list[Path]:
     """The maps (or line plots) of a sweep at one recorded step: the regime and the recorded
     metrics of :data:`MAP_VALUES` from ``dynamics.parquet`` (``step``: an int or ``"last"``),
-    named ``..._step<S>``."""
+    named ``..._step<S>`` (``_steplast`` only when the runs' last recorded steps differ)."""
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir / "figures"
     dyn = A.at_step(A.load(results_dir, "dynamics"), step)
+    if step == "last" and dyn["step"].nunique() == 1:  # one horizon: name the step itself
+        step = int(dyn["step"].iloc[0])
     axes = sorted(A.cell_axes(dyn), key=lambda a: -dyn[a].nunique())
     axes = [a for a in axes if a not in ("engine", "model")] or axes
     return _maps_or_lines(dyn, axes, out, formats, dpi, step=step)

@@ -285,7 +285,7 @@ def test_regime_shares_are_each_cells_counts_with_wilson_bands(tmp_path):
 
 
 def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):
-    dyn = pb.load(sweep, "dynamics")
+    dyn = dyn_all = pb.load(sweep, "dynamics")
     step = int(sorted(dyn["step"].unique())[5])
     assert plot_main([str(sweep), "--step", str(step), "--out", str(tmp_path)]) == 0
     names = {p.name for p in tmp_path.glob("*.png")}
@@ -298,3 +298,6 @@ def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):
     P.plt.close(fig)
     assert plot_main([str(sweep), "--step", "41", "--out", str(tmp_path)]) == 2
     assert "step = 41 was not recorded" in capsys.readouterr().err
+    last = int(dyn_all["step"].max())  # one horizon: "last" is named by its step
+    assert plot_main([str(sweep), "--step", "last", "--out", str(tmp_path / "last")]) == 0
+    assert (tmp_path / "last" / f"map_regime_noise_ratio_vs_signal_norm_step{last}.png").exists()

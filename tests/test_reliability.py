@@ -158,7 +158,7 @@ def test_small_memory_budget_still_completes(tmp_path):
 def test_single_run_over_budget_is_a_clear_error_before_compiling(tmp_path):
     spec = spec_from_dict({"d": 100_000, "n": 20, "engine": "direct", "test_mode": "sampled"})
     with count_compiles() as seen, pytest.raises(
-            ConfigError, match=r"one run of prompt_attention needs about .* GiB.*--memory"):
+            ConfigError, match=r"one run of prompt_attention needs about .* [KMGT]iB.*--memory"):
         run_sweep(spec, tmp_path / "o", memory_budget=1 << 30, quiet=True, plots=False)
     assert seen == {"compiles": 0}
     assert not list((tmp_path / "o" / "parts").glob("*.parquet"))

@@ -9,6 +9,7 @@ import pytest
 
 from phasebo.cli.sweep import main, override_slug
 from phasebo.config import load_sweep, parse_set, spec_from_dict
+from phasebo.settings import ConfigError
 from phasebo.store import command_line, read_manifest
 from phasebo.sweep import run_sweep
 
@@ -68,6 +69,12 @@ def test_reordered_or_respelled_overrides_name_the_same_directory():
     assert len(s) <= 120 and s != override_slug(
         parse_set([f"signal_norm={list(range(1, 81))}"]),
         load_sweep(spec_file, parse_set([f"signal_norm={list(range(1, 81))}"])))
+
+
+def test_a_setting_given_twice_by_set_is_refused_unless_the_same():
+    assert parse_set(["n=20", "n = 20"]) == {"n": 20}
+    with pytest.raises(ConfigError, match="--set n is given twice \\(20 and 30\\)"):
+        parse_set(["n=20", "n=30"])
 
 
 def test_the_dry_run_says_what_is_done_and_refuses_what_the_run_would(tmp_path, capsys):

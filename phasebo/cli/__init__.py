@@ -161,7 +161,6 @@ def run(argv: list[str] | None = None) -> int:
 def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """``phasebo boundaries RESULTS --x X --y Y --between A,B``: boundaries.parquet/csv, the
     power-law fit against the theory, and the map with the boundary drawn on it."""
-    import argparse
     import sys
     from pathlib import Path
 
@@ -170,10 +169,10 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     from ..analysis import load
     from ..boundaries import boundaries, power_law_row, summary
     from ..settings import ConfigError
-    from .args import at_least, figure_formats, out_dir
+    from .args import Parser, at_least, figure_formats, out_dir
 
-    p = argparse.ArgumentParser(prog=prog or "phasebo boundaries",
-                                description="Estimate phase boundaries of finished sweep(s).")
+    p = Parser(prog=prog or "phasebo boundaries",
+               description="Estimate phase boundaries of finished sweep(s).")
     p.add_argument("results", nargs="+", help="sweep directories (or results files)")
     p.add_argument("--x", default="signal_norm", help="axis the boundary lies along")
     p.add_argument("--y", default="d", help="slice axis: one boundary per value")

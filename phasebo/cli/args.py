@@ -4,12 +4,21 @@ the commands print as one line (exit 2) before anything is read or written."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from ..settings import ConfigError
 from ..store import check_out_dir
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line (``PROG: error: ...``, exit 2), as every
+    other refusal of the commands; ``--help`` still prints the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; fix: see {self.prog} --help\n")
 
 
 def figure_formats(text: str) -> tuple[str, ...]:

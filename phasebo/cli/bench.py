@@ -27,11 +27,11 @@ from ..bench import (
 from ..bench import __doc__ as BENCH_DOC
 from ..bench_maps import GPU_JOBS, section_gpu, section_heatmap, section_wpmap
 from ..bench_vit import section_vit
+from .args import Parser
 
 
 def build_parser(prog: str = "python -m phasebo.bench") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog,
-                                description=BENCH_DOC.split("\n\n")[0])
+    p = Parser(prog=prog, description=BENCH_DOC.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
                    help=f"comma list of {', '.join(SECTIONS)}, or all (default: "

@@ -8,14 +8,13 @@ from pathlib import Path
 
 from ..report import standard_figures, step_figures
 from ..settings import ConfigError
-from .args import at_least, figure_formats, out_dir
+from .args import Parser, at_least, figure_formats, out_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m phasebo.plot",
-                                description="Draw the standard figures of a finished sweep.",
-                                epilog="example: python -m phasebo.plot results/default "
-                                       "--format png,pdf --dpi 200")
+    p = Parser(prog="python -m phasebo.plot",
+               description="Draw the standard figures of a finished sweep.",
+               epilog="example: python -m phasebo.plot results/default --format png,pdf --dpi 200")
     p.add_argument("results_dir", help="a sweep's output directory")
     p.add_argument("--out", help="where to write figures (default: RESULTS_DIR/figures)")
     p.add_argument("--format", default="png", help="png, pdf, svg or a comma list")

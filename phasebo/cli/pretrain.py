@@ -3,19 +3,19 @@ model."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from ..models.vit_backbone import backbone_path, backbone_record, backbone_settings
 from ..models.vit_digits import ViTDigitsModel
 from ..settings import ConfigError
+from .args import Parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """``phasebo pretrain [--vit-width W] [--phase1 linear_probe] ...``: build (or show) the
     cached backbone, with its clean test accuracy and the seconds its training took."""
     model = ViTDigitsModel()
-    p = argparse.ArgumentParser(prog="phasebo pretrain", description=main.__doc__)
+    p = Parser(prog="phasebo pretrain", description=main.__doc__)
     for k in ("vit_width", "vit_depth", "vit_heads", "pretrain_steps", "pretrain_seed",
               "probe_steps"):
         st = model.settings[k]

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 from ..reference import REFERENCE_DIR, make_reference
+from .args import Parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="phasebo reference",
-                                description="Run the reference sweeps and rebuild "
-                                            "results/reference/*.png.")
-    p.add_argument("--out", default=str(REFERENCE_DIR))
+    p = Parser(prog="phasebo reference",
+               description="Run the reference sweeps and rebuild results/reference/*.png.")
+    p.add_argument("--out", default=str(REFERENCE_DIR),
+                   help="where the reference sweeps and figures go (default: %(default)s)")
     p.add_argument("--seeds", type=int, default=2, help="seeds per cell of the p-only S3 map")
     p.add_argument("--official-seeds", type=int, default=1,
                    help="seeds per cell of the W-and-p S3 map (the paper had 1)")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from .args import Parser
+
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog or "phasebo report",
         description="Write a finished sweep's interactive report.html: one self-contained file "
                     "(plotly inlined) that opens offline.",

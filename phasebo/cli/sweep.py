@@ -22,7 +22,7 @@ from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
 from ..store import check_out_dir, compatible, count_done, holds_runs, read_manifest
 from ..sweep import run_sweep
-from .args import at_least, figure_formats
+from .args import Parser, at_least, figure_formats
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
 
@@ -37,11 +37,6 @@ def _parse_bytes(text: str) -> int:
     if n <= 0:
         raise ConfigError(f"--memory-budget {text!r}: must be more than 0 bytes, e.g. 8G")
     return n
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own exit code is 2 as well; keep its one line
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 EXAMPLES = """examples:
