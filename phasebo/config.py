@@ -252,6 +252,19 @@ def baseline_notes(spec: SweepSpec) -> list[str]:
             "be no_baseline; add 0 to noise_ratio to judge them"]
 
 
+def record_notes(spec: SweepSpec) -> list[str]:
+    """A line per (record_every, steps) of the sweep whose record interval is longer than its
+    runs: their dynamics hold step 0 and the last step only."""
+    seen = set()
+    for c in spec.cells():
+        every, steps = c.settings.get("record_every") or 0, c.settings.get("steps")
+        if steps and every > steps and c.settings.get("dynamics", "gd") == "gd":
+            seen.add((every, steps))
+    return [f"note: record_every = {e} is more than steps = {s}: the dynamics hold step 0 and "
+            f"step {s} only; fix: a record_every of at most {s}, or record_log = k for k "
+            "log-spaced steps" for e, s in sorted(seen)]
+
+
 def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> dict:
     """Every given setting belongs to the model, the model's checks pass, an engine can run it;
     returns the settings of the model (those it does not take dropped)."""

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import SweepSpec, baseline_notes, label_noise_notes
+from .config import SweepSpec, baseline_notes, label_noise_notes, record_notes
 from .execute import (  # noqa: F401 (the door: run_one)
     Abandoned,
     AbandonedCompile,
@@ -86,7 +86,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
               block_size=block_size)
     check_disk(pl, out_dir)
     if not quiet:
-        for note in label_noise_notes(spec) + baseline_notes(spec) + precision_notes(spec):
+        for note in (label_noise_notes(spec) + baseline_notes(spec) + record_notes(spec)
+                     + precision_notes(spec)):
             print(f"{spec.name}: {note}", file=sys.stderr)
     check = None
     if plots:
