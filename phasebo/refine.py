@@ -195,8 +195,10 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
                     "median_rel_width": float(np.median(widths)) if len(widths) else float("nan"),
                     "boundaries": int(len(widths))})
         if not quiet:
-            print(f"refine round {rnd}: {len(df)} runs ({len(runs)} in all); median boundary "
-                  f"CI width {log[-1]['median_rel_width']:.3f} of the boundary; "
+            width = (f"median boundary CI width {log[-1]['median_rel_width']:.3f} of the "
+                     f"boundary over {len(widths)} slices" if len(widths) else
+                     f"no slice has a {r.between[0]}-{r.between[1]} boundary with an interval yet")
+            print(f"refine round {rnd}: {len(df)} runs ({len(runs)} in all); {width}; "
                   f"{log[-1]['slices_open']} slices above the target {r.target}", file=sys.stderr)
         if not cases or rnd == r.rounds:
             break
