@@ -185,6 +185,16 @@ def _coinciding(spec: SweepSpec, i: int, j: int) -> str:
             "axis distinct values")
 
 
+def _same_runs(a: dict, b: dict) -> str:
+    """Why two cells that differ only in settings outside a run's identity are refused."""
+    diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    vals = "; ".join(f"{k} = {a.get(k)!r} and {b.get(k)!r}" for k in diff)
+    return (f"two cells differ only in {', '.join(diff)} ({vals}), which do not change a run: "
+            "they are the same runs (same ids, data and keys) and one directory holds each run "
+            f"once; fix: run each value into its own --out (e.g. --set {diff[0]}={b.get(diff[0])}"
+            " --out results/<name>-<value>) and pb.load([...]) them together")
+
+
 def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | None = None,
          chunk_size: int | None = None, block_size: int | None = None) -> Plan:
     """Group the cells by compiled program and size every group (no run is enumerated)."""
@@ -196,11 +206,17 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
     groups: dict[tuple, Group] = {}
     per_cell = spec.runs_per_cell()
     seen: dict[str, int] = {}
+    same_id: dict[str, dict] = {}
     for i, cell in enumerate(spec.cells()):
         model, own = own_settings(cell)
         same = seen.setdefault(json.dumps(own, sort_keys=True, default=repr), i)
         if same != i:
             raise ConfigError(_coinciding(spec, same, i))
+        ident = {k: v for k, v in own.items() if model.settings[k].identity}
+        first = same_id.setdefault(json.dumps([model.name, ident], sort_keys=True, default=repr),
+                                   own)
+        if first is not own:  # the same runs (ids, keys, numbers) under another name
+            raise ConfigError(_same_runs(first, own))
         static = model.static_of(own)
         engine = resolve_engine(model, static)
         program = engine.program(model, static)

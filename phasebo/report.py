@@ -200,15 +200,17 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
     if len(axes) >= 2 and kind == "heatmap":
         x, y = map_axes(axes)
         new = {**h, "x": x, "y": y}
-    elif axes:  # one axis left: the value against it (a regime map: the regime shares)
-        new, kind = {"x": axes[0], "value": value, "where": h.get("where"),
-                     **({"hue": h["hue"]} if "hue" in h else {})}, "line"
+    elif axes:  # the value against the longest axis left; the regime shares need it alone
+        shares = value == "regime" and len(axes) == 1 and not h.get("hue")
+        new, kind = {"x": axes[0], "value": value if value != "regime" or shares else "test_acc",
+                     "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, "line"
     else:
         print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} is the only "
               "value in this sweep and no other axis varies; nothing to draw", file=sys.stderr)
         return None
     what = f"{new['y']} vs {new['x']}" if kind == "heatmap" else \
-        f"as the regime shares against {new['x']}" if value == "regime" else f"against {new['x']}"
+        f"as the regime shares against {new['x']}" if new["value"] == "regime" else \
+        f"as {new['value']} against {new['x']}"
     print(f"phasebo.plot: [plot] {was} #{i + 1} ({value}): {', '.join(fixed)} is the only value "
           f"in this sweep (fixed in the file or by --set), so it is drawn {what}",
           file=sys.stderr)

@@ -393,25 +393,34 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
     return df
 
 
-def check_current(out_dir: Path, n_rows: int) -> None:
-    """Refuse a ``results.parquet`` that is not the table of the directory's sweep: the manifest
-    names the runs the tables must hold (``tables_n_runs`` after a subset's command, else
-    ``n_runs``); a command that grew the sweep and did not finish (interrupted, failed or still
-    running) leaves the old, shorter table beside the new specification."""
+def check_current(out_dir: Path, df: pd.DataFrame) -> None:
+    """Refuse a ``results.parquet`` older than the runs of its directory: the manifest names the
+    runs the tables hold (``tables_n_runs`` after a subset's command, else ``n_runs``), and when
+    the table's count differs while the parts hold finished runs the table lacks, a command that
+    grew the sweep did not finish (interrupted, failed or still running). A table holding every
+    finished run (a grow refused before it ran anything) is current; so is a refinement's
+    (``refine.json``: its table joins the rounds' directories)."""
+    out_dir = Path(out_dir)
     try:  # the manifest is the store's (which imports this module): read here as plain JSON
-        m = json.loads((Path(out_dir) / "manifest.json").read_text())
+        m = json.loads((out_dir / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError):
         return
     want = m.get("tables_n_runs", m.get("n_runs"))
-    if want is None or n_rows == want:
+    if want is None or len(df) == want or (out_dir / "refine.json").exists() \
+            or "run_id" not in df.columns:
+        return
+    lacking = np.setdiff1d(done_run_ids(out_dir / "parts"), df["run_id"].to_numpy(np.int64))
+    if not len(lacking):
         return
     last = (m.get("history") or [{}])[-1]
     how = "was interrupted" if last.get("interrupted") else \
-        "has not finished (still running, or stopped)"
+        "has not finished (still running, or stopped)" if not last.get("finished") else \
+        "finished after another command wrote these tables"
     cmd = f" (`{last['command']}`)" if last.get("command") else ""
-    raise ConfigError(f"{out_dir}: results.parquet holds {n_rows} runs but its sweep has {want}: "
-                      f"the command that changed it{cmd} {how}; fix: run that command again to "
-                      "finish the tables, or load(..., partial=True) for every finished run")
+    raise ConfigError(f"{out_dir}: results.parquet holds {len(df)} runs, not the {want} of its "
+                      f"sweep ({len(lacking)} finished runs are not in it): the command that "
+                      f"changed it{cmd} {how}; fix: run that command again to write the tables, "
+                      "or load(..., partial=True) for every finished run")
 
 
 def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
@@ -422,7 +431,7 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
         f = path / "results.parquet"
         if f.exists() and not partial:
             df = read_table(f)
-            check_current(path, len(df))
+            check_current(path, df)
             return df
         if (path / "parts").is_dir():
             if not partial:
@@ -451,4 +460,7 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
     if not path.exists():
         raise ConfigError(f"{path} does not exist; fix: give a sweep directory or a "
                           "results.parquet file")
-    return read_table(path)
+    df = read_table(path)
+    if path.name == "results.parquet":  # a sweep directory's table, named by its file
+        check_current(path.parent, df)
+    return df

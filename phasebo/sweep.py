@@ -155,6 +155,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
                           f"{path.name})")
         except KeyboardInterrupt:
+            _stopped(out_dir, spec, prov, t_start, stats)
             print(f"interrupted while writing report.html: the runs, tables and figures are "
                   f"saved; fix: phasebo report {out_dir}", file=sys.stderr)
             raise

@@ -158,6 +158,9 @@ def test_refinement_adds_points_between_disagreeing_neighbours_and_resumes(tmp_p
     spec = small_spec()
     r = parse_refine(spec, {"between": ["harmful", "benign"], "rounds": 2,
                             "target": 0.01, "max_points": 1})
+    # the plain sweep first, in the same directory (the README's order): the refinement's table
+    # of every round then sits beside the plain sweep's manifest, and is read as it is
+    pb.run_sweep(spec, tmp_path / "ref", quiet=True, plots=False)
     runs, b = pb.refine_sweep(spec, r, tmp_path / "ref", quiet=True)
     assert runs["run_id"].is_unique
     assert set(runs["round"]) >= {0, 1}

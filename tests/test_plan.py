@@ -81,3 +81,16 @@ def test_gram_engine_keeps_d_unpadded_where_padded_draws_would_differ():
     with jax.threefry_partitionable(False):
         g = P.plan(spec, memory_budget=2**40).groups[0]
     assert g.program.d == 3000
+
+
+def test_cells_differing_only_outside_a_runs_identity_are_refused_before_anything_runs():
+    import pytest
+
+    from phasebo.settings import ConfigError
+
+    for axis, values in (("engine", ["direct", "reduced"]), ("record_every", [5, 10])):
+        spec = spec_from_dict({"d": 40, "steps": 4}, {axis: values, "signal_norm": [1.0, 3.0]})
+        with pytest.raises(ConfigError, match=f"two cells differ only in {axis} .*own --out"):
+            P.plan(spec, n_devices=1)
+    P.plan(spec_from_dict({"d": 40, "steps": 4, "engine": "reduced"}, {"signal_norm": [1.0, 3.0]}),
+           n_devices=1)  # one value of each: one run per id

@@ -315,13 +315,19 @@ def test_tables_of_a_grow_that_did_not_finish_are_refused_until_it_does(tmp_path
                                                                       monkeypatch):
     import phasebo as pb
     from phasebo import report
+    from phasebo.store import prepare_out_dir
 
     out = tmp_path / "a"
     run_sweep(_toy_spec(), out, quiet=True, plots=False)
     grown = _toy_spec(mus=(3.0, 30.0, 10.0, 100.0, 1.0))
+    # a grow refused before it ran anything (its manifest written): the table is still every run
+    prepare_out_dir(out, grown, overwrite=False)
+    assert len(pb.load(out)) == 4
     assert run_sweep(grown, out, quiet=True, plots=False, chunk_size=1, max_chunks=1) is None
-    with pytest.raises(ConfigError, match="holds 4 runs but its sweep has 10.*has not finished"):
+    with pytest.raises(ConfigError, match="holds 4 runs, not the 10 of its sweep.*has not fin"):
         pb.load(out)
+    with pytest.raises(ConfigError, match="holds 4 runs"):  # the table named by its file too
+        pb.load(out / "results.parquet")
     first = len(pb.load(out, partial=True))  # the old four and the one new chunk's runs
     assert 4 < first < 10
 
