@@ -66,6 +66,9 @@ Z95 = NormalDist().inv_cdf(0.975)
 RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
 
+# how runs still fitting their flipped labels count in a boundary fit (boundaries(fitting=...))
+FITTING_RULES = ("apart", "not_overfitting")
+
 def bounded(lo, hi, log: bool = True):
     """Whether the intervals ``[lo, hi]`` are bounded: finite, and above 0 on a log axis (an
     interval reaching 0 there has no width to weigh or draw)."""
@@ -208,7 +211,7 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
 def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("benign", "harmful"), *,
                by: Sequence[str] = (), over: Sequence[str] = (), regime: str = "regime",
                log: bool | None = None, n_boot: int = 400, level: float = 0.95,
-               seed: int = 0, step=None) -> pd.DataFrame:
+               seed: int = 0, step=None, fitting: str = "apart") -> pd.DataFrame:
     """The boundary between regimes ``A`` and ``B`` (``between``) along ``x`` for each value of
     ``y`` (and of the ``by`` columns), from a table of runs (:func:`phasebo.load`).
 
@@ -225,7 +228,14 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     On a dynamics table (regimes at every recorded step, ``pb.load(path, "dynamics")``) every
     recorded step is a slice key of its own, so the rows trace the boundary over time; ``step``
     (an int, a list or ``"last"``) keeps only those steps (:func:`phasebo.analysis.at_step`).
+
+    ``fitting``: how runs still fitting their flipped labels at the step count (the estimator,
+    recorded in the ``fitting`` column): ``"apart"`` (the default) on neither side, so the
+    boundary is between settled runs; ``"not_overfitting"`` as not overfitting ("a label still
+    unfitted at t"), the rule of earlier versions, whose boundary moves with the horizon.
     """
+    if fitting not in FITTING_RULES:
+        raise ValueError(f"fitting = {fitting!r}: one of {', '.join(FITTING_RULES)}")
     if isinstance(between, str):  # the command line's form "A,B"
         between = tuple(s.strip() for s in between.split(","))
     if len(between) != 2 or between[0] == between[1]:
@@ -260,6 +270,11 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
                              f"{', '.join(map(str, df.columns[:30]))}")
     if "status" in df.columns:
         df = df[df["status"].astype(str) == "ok"]
+    if fitting == "not_overfitting":
+        if regime != "regime":
+            raise ValueError("fitting = 'not_overfitting' relabels the regime column; fix: "
+                             "regime='regime', or relabel your own column")
+        df = df.assign(regime=df["regime"].astype(str).replace({"fitting": "not_overfitting"}))
     keys = [y, *by]
     fixed = {x, *keys, *over, "seed", "root_seed"}
     def tied_to_x(c):  # a setting that x determines one to one (d when x is the snr)
@@ -290,6 +305,7 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     out["status"] = pd.Categorical(out["status"], categories=SLICE_STATUSES)
     out["x"] = x
     out["between"] = f"{between[0]}/{between[1]}"
+    out["fitting"] = fitting
     return out
 
 
@@ -440,16 +456,14 @@ def exponents_over_steps(b: pd.DataFrame, y: str) -> pd.DataFrame:
     """The power-law fit of :func:`boundaries` rows at each recorded step (a boundary
     trajectory): ``step``, ``n_slices``, ``n_found`` (the slices a power law may go through,
     :func:`resolved`), ``exponent``, ``lo``, ``hi``, ``chi2_dof`` (NaN where fewer than
-    :data:`MIN_FIT_POINTS` slices were found)."""
+    :data:`MIN_FIT_POINTS` slices were found) and ``status``, the fit's verdict
+    (:func:`power_law_row`)."""
+    x = str(b["x"].iloc[0]) if "x" in b.columns and len(b) else ""
     rows = []
     for step, g in b.groupby(STEP, sort=True):
-        usable = resolved(g, y)
-        row = {STEP: int(step), "n_slices": len(g), "n_found": len(usable), "exponent": np.nan,
-               "lo": np.nan, "hi": np.nan, "chi2_dof": np.nan}
-        if len(usable) >= MIN_FIT_POINTS:
-            fit = fit_power_law(usable, y)
-            row.update({k: fit[k] for k in ("exponent", "lo", "hi", "chi2_dof")})
-        rows.append(row)
+        fit = power_law_row(g, x, y)
+        rows.append({STEP: int(step), "n_slices": len(g), "n_found": fit["n_points"],
+                     **{k: fit[k] for k in ("exponent", "lo", "hi", "chi2_dof", "status")}})
     return pd.DataFrame(rows)
 
 
@@ -479,7 +493,8 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     ``theory_exponent`` and ``theory_prefactor`` (its constant fitted) where a theory applies."""
     usable = resolved(b, y)
     th = theory_exponent(x, y)
-    row = {"between": str(b["between"].iloc[0]) if len(b) else "", "x": x, "slice": y,
+    row = {"between": str(b["between"].iloc[0]) if len(b) and "between" in b.columns else "",
+           "x": x, "slice": y,
            "n_slices": len(b), "n_points": len(usable), "exponent": np.nan, "lo": np.nan,
            "hi": np.nan, "prefactor": np.nan, "chi2_dof": np.nan,
            "theory_exponent": th[0] if th else np.nan, "theory_prefactor": np.nan,
@@ -503,20 +518,27 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
 def summary(b: pd.DataFrame, x: str, y: str) -> str:
     """A short text: the boundaries found, the power-law fit and the theory's exponent (at each
     recorded step, for a boundary trajectory)."""
+    rule = "" if "fitting" not in b.columns or not len(b) else \
+        " (runs still fitting counted as not overfitting)" \
+        if b["fitting"].iloc[0] == "not_overfitting" else " (runs still fitting left apart)"
     if STEP in b.columns:
-        lines = [f"boundary {b['between'].iloc[0]} along {x} per {y}, at {b[STEP].nunique()} "
-                 "recorded steps:"]
+        k = b[STEP].nunique()
+        lines = [f"boundary {b['between'].iloc[0]} along {x} per {y}{rule}, at {k} recorded "
+                 f"step{'s' if k != 1 else ''}:"]
         for _, r in exponents_over_steps(b, y).iterrows():
             fit = (f"exponent {r['exponent']:.3f} (95% CI {r['lo']:.3f} .. {r['hi']:.3f}, "
                    f"chi2/dof {r['chi2_dof']:.2f})" if np.isfinite(r["exponent"])
                    else f"no fit (fewer than {MIN_FIT_POINTS} slices)")
-            if r["chi2_dof"] > SCATTER:
+            if r["status"] == "scattered":
                 fit += " — scattered: one power law does not describe it"
+            elif r["status"] == "grid_limited":
+                fit += (" — grid-limited: no slice places its boundary, so the exponent is that "
+                        "of grid-gap midpoints and says little")
             lines.append(f"  step {int(r[STEP])}: {int(r['n_found'])} of {int(r['n_slices'])} "
                          f"slices found; {fit}")
         return "\n".join(lines)
     counts = b["status"].astype(str).value_counts()
-    lines = [f"boundary {b['between'].iloc[0]} along {x}, {len(b)} slices of {y}: "
+    lines = [f"boundary {b['between'].iloc[0]} along {x}{rule}, {len(b)} slices of {y}: "
              + ", ".join(f"{k} {v}" for k, v in counts.items() if v)]
     row = power_law_row(b, x, y)
     if row["status"] == "too_few_slices":

@@ -544,6 +544,12 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
         if np.isfinite(row["theory_exponent"]):
             th = {"exponent": row["theory_exponent"], "prefactor": row["theory_prefactor"]}
     boundary_overlay(ax, b, x, y, fit, th, band=row["status"] == "ok")
+    if ax.get_legend() is not None:  # below the map: inside it, it hid cells
+        n = len(ax.get_legend().get_texts())
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=1,
+                  frameon=False)
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w, h + 0.17 * n)
     note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (< 3)",
             "scattered": f"scattered: χ²/dof {row['chi2_dof']:.1f}, one power law does not "
                          "describe this boundary",

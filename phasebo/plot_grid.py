@@ -105,7 +105,7 @@ TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "lr", "steps", "dyn
 def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
     """The settings that one value holds across ``df`` (model, trained parameters, n, T, r, lr,
     steps, and d or ‖μ‖ when fixed), for a title: ``prompt_attention (p), n 20, T 8, r 0.2,
-    lr 0.005, 1000 steps``."""
+    lr 0.005, 1000 steps``; a dynamics table says its recorded step: ``step 78 of 1000``."""
     def one(c):
         if c not in df.columns or c in skip or df[c].nunique(dropna=False) != 1:
             return None
@@ -125,6 +125,12 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         if c in ("lr", "steps") and one("dynamics") == "limit":
             continue  # a limit has no step size and no steps
         if v is None or isinstance(v, str) or (isinstance(v, float) and not np.isfinite(v)):
+            continue
+        if c == "steps" and "step" in df.columns:  # a dynamics table: the map is at its step
+            at = one("step")
+            parts.append(f"step {_num(at)} of {_num(v)}" if at is not None else
+                         f"recorded steps {_num(df['step'].min())}–{_num(df['step'].max())} "
+                         f"of {_num(v)}")
             continue
         parts.append(f"{_num(v)} steps" if c == "steps" else f"τ {_num(v)}" if c == "flow_time"
                      else f"{_short(c)} {_num(v)}")

@@ -361,11 +361,11 @@ def _maps_or_lines(df, axes, out: Path, formats, dpi, step=None) -> list[Path]:
     paths: list[Path] = []
 
     def saved(fig, name):
-        if step is not None:
+        if step is not None:  # unless the settings line already says it ("step S of N")
             sup = getattr(fig, "_suptitle", None)
-            if sup is not None:
+            if sup is not None and f"step {step} of" not in sup.get_text():
                 sup.set_text(f"{sup.get_text()} — step {step}")
-            else:
+            elif sup is None and f"step {step} of" not in fig.axes[0].get_title():
                 ax = fig.axes[0]
                 ax.set_title(f"{ax.get_title()} — step {step}", fontsize=10)
         return P.save(fig, out / f"{name}{tag}", formats, dpi)

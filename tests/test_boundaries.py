@@ -301,3 +301,41 @@ def test_the_power_law_leaves_out_unbounded_slices_and_refuses_to_pool_steps():
         fit_power_law(steps, "m")
     with pytest.raises(ValueError, match="no column 'd'"):
         fit_power_law(b, "d")
+
+
+def test_runs_still_fitting_count_apart_or_as_not_overfitting():
+    """The same table read with both rules: fitting runs left apart move the boundary to the
+    settled runs; counted as not overfitting they side with it; the table and summary say which."""
+    rows = []
+    for s in range(6):
+        for x in (1.0, 2.0, 4.0, 8.0):
+            # benign above x = 3; below it, half the seeds still fitting, half not overfitting
+            reg = "benign" if x > 3 else ("fitting" if s % 2 else "not_overfitting")
+            rows.append({"d": 1, "seed": s, "m": x, "regime": reg, "status": "ok"})
+    df = pd.DataFrame(rows)
+    apart = boundaries(df, "m", "d", between=("not_overfitting", "benign"), n_boot=50)
+    counted = boundaries(df, "m", "d", between=("not_overfitting", "benign"), n_boot=50,
+                         fitting="not_overfitting")
+    assert apart["n_other"].iloc[0] == 6 and counted["n_other"].iloc[0] == 0
+    assert apart["n_a"].iloc[0] == 6 and counted["n_a"].iloc[0] == 12
+    assert (apart["fitting"] == "apart").all() and (counted["fitting"] == "not_overfitting").all()
+    assert "left apart" in summary(apart, "m", "d")
+    assert "counted as not overfitting" in summary(counted, "m", "d")
+    with pytest.raises(ValueError, match="fitting = 'ignore'"):
+        boundaries(df, "m", "d", between=("not_overfitting", "benign"), fitting="ignore")
+
+
+def test_a_grid_limited_fit_is_said_at_every_recorded_step():
+    rows = []
+    for step in (10, 20):
+        for d in (1, 2, 4, 8):
+            for s in range(5):
+                for x in (1.0, 2.0, 4.0, 8.0, 16.0, 32.0):  # separated between 2d^0 grid points
+                    rows.append({"d": d, "seed": s, "m": x, "step": step, "status": "ok",
+                                 "regime": "benign" if x < 2 * d ** 0.5 + 0.1 else "harmful"})
+    b = boundaries(pd.DataFrame(rows), "m", "d", n_boot=20)
+    assert set(b["status"].astype(str)) <= {"separated", "unresolved"}
+    text = summary(b, "m", "d")
+    assert "at 2 recorded steps" in text and text.count("grid-limited") == 2, text
+    one = summary(b[b["step"] == 10], "m", "d")
+    assert "at 1 recorded step:" in one and "grid-limited" in one

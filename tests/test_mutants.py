@@ -597,7 +597,8 @@ def test_exponents_over_steps_fit_each_step_with_enough_slices():
     traj = exponents_over_steps(pd.concat(rows, ignore_index=True).sample(frac=1, random_state=1),
                                 "n")
     assert list(traj.columns) == ["step", "n_slices", "n_found", "exponent", "lo", "hi",
-                                  "chi2_dof"]
+                                  "chi2_dof", "status"]
+    assert traj["status"].tolist()[2] == "too_few_slices"
     assert traj["step"].tolist() == [10, 20, 30]
     assert traj["n_slices"].tolist() == [4, 3, 3] and traj["n_found"].tolist() == [3, 3, 2]
     full = fit_power_law(b, "n")

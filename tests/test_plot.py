@@ -292,6 +292,11 @@ def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):
     assert f"map_regime_noise_ratio_vs_signal_norm_step{step}.png" in names
     dyn = pb.at_step(dyn, step)
     fig, ax = R._map(dyn, {"x": "signal_norm", "y": "noise_ratio", "value": "regime"})
+    horizon = int(dyn_all["steps"].iloc[0])
+    assert f"step {step} of {horizon}" in ax.get_title()  # the map's step, not the horizon alone
+    fig2, ax2 = P.value_map(dyn, "test_acc", "signal_norm", "noise_ratio")
+    assert f"step {step} of {horizon}" in ax2.get_title()
+    P.plt.close(fig2)
     expect = A.pivot(pb.aggregate(dyn), "signal_norm", "noise_ratio", "regime")
     codes = np.asarray(ax.collections[0].get_array()).reshape(expect.shape).astype(int)
     assert (np.array(ax.regime_categories, dtype=object)[codes] == expect.to_numpy()).all()

@@ -180,6 +180,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     p.add_argument("--by", default="", help="more slice columns, comma separated")
     p.add_argument("--over", default="", help="settings to pool inside a slice, comma separated")
     p.add_argument("--boot", type=int, default=400, help="bootstrap replicates")
+    p.add_argument("--fitting", default="apart", choices=("apart", "not_overfitting"),
+                   help="runs still fitting their flipped labels: on neither side (apart, the "
+                        "default) or counted as not overfitting (a label unfitted at the step)")
     p.add_argument("--out", help="output directory (default: the first results directory)")
     p.add_argument("--format", default="png", help="figure formats: png, pdf, svg or a comma list")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
@@ -206,7 +209,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
             step = int(step)
         df = load(args.results, "dynamics") if step is not None else load(args.results)
         b = boundaries(df, args.x, args.y, between, by=split(args.by), over=split(args.over),
-                       n_boot=args.boot, step=None if step == "all" else step)
+                       n_boot=args.boot, step=None if step == "all" else step,
+                       fitting=args.fitting)
     except (ValueError, ConfigError, FileNotFoundError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
