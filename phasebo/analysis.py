@@ -397,7 +397,10 @@ def is_aggregate(df: pd.DataFrame) -> bool:
 
 
 def select(df: pd.DataFrame, where: Mapping[str, object] | None = None) -> pd.DataFrame:
-    """Rows of ``df`` whose columns equal the given values (floats compared with ``isclose``)."""
+    """Rows of ``df`` whose columns equal the given values (floats compared with ``isclose``).
+    A value that no row holds is an error naming the values there (a misspelt ``d = 999`` would
+    otherwise select nothing, silently); values that each occur but never together select no
+    row."""
     if not where:
         return df
     mask = np.ones(len(df), bool)
@@ -406,9 +409,18 @@ def select(df: pd.DataFrame, where: Mapping[str, object] | None = None) -> pd.Da
             raise KeyError(f"select: no column {k!r}")
         col = df[k]
         if pd.api.types.is_float_dtype(col) and isinstance(v, (int, float)):
-            mask &= np.isclose(col.to_numpy(float), float(v), rtol=1e-9, atol=0)
+            hit = np.isclose(col.to_numpy(float), float(v), rtol=1e-9, atol=0)
         else:
-            mask &= (col.astype(object) == v).to_numpy()
+            hit = (col.astype(object) == v).to_numpy()
+        if len(df) and not hit.any():
+            have = pd.unique(col.dropna())
+            try:
+                have = sorted(have)
+            except TypeError:
+                have = sorted(have, key=str)
+            shown = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
+            raise ValueError(f"select: {k} = {v!r} is in no row; the table has {k} = {shown}")
+        mask &= hit
     return df[mask]
 
 

@@ -207,8 +207,12 @@ def test_pivot_says_what_it_cannot_do_instead_of_returning_less():
     value are errors (they returned an empty grid, the final step, a column dump); a metric's
     name means its mean on an aggregate too."""
     runs = synthetic_runs()
-    with pytest.raises(ValueError, match="no rows have"):
+    with pytest.raises(ValueError, match="n = 40 is in no row; the table has n = 20"):
         A.pivot(runs, "signal_norm", "d", "test_acc", where={"n": 40})
+    with pytest.raises(ValueError, match="d = 999 is in no row"):  # select says it too
+        pb.select(runs, {"d": 999})
+    both = pb.select(runs, {"d": runs["d"].iloc[0], "n": 20})  # values present select their rows
+    assert len(both) and (both["d"] == runs["d"].iloc[0]).all()
     with pytest.raises(ValueError, match="no step column"):
         A.pivot(runs, "signal_norm", "d", "test_acc", step=1000)
     with pytest.raises(KeyError, match="did you mean 'test_acc'"):
