@@ -408,7 +408,9 @@ def select(df: pd.DataFrame, where: Mapping[str, object] | None = None) -> pd.Da
         if k not in df.columns:
             raise KeyError(f"select: no column {k!r}")
         col = df[k]
-        if pd.api.types.is_float_dtype(col) and isinstance(v, (int, float)):
+        if isinstance(v, float) and np.isnan(v):  # a setting this slice's runs do not have
+            hit = col.isna().to_numpy()
+        elif pd.api.types.is_float_dtype(col) and isinstance(v, (int, float)):
             hit = np.isclose(col.to_numpy(float), float(v), rtol=1e-9, atol=0)
         else:
             hit = (col.astype(object) == v).to_numpy()

@@ -271,6 +271,9 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     if "status" in df.columns:
         df = df[df["status"].astype(str) == "ok"]
     if fitting == "not_overfitting":
+        if "fitting" in between:
+            raise ValueError("between names 'fitting', which fitting = 'not_overfitting' counts "
+                             "as not overfitting; fix: fitting='apart'")
         if regime != "regime":
             raise ValueError("fitting = 'not_overfitting' relabels the regime column; fix: "
                              "regime='regime', or relabel your own column")
@@ -529,9 +532,9 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
             fit = (f"exponent {r['exponent']:.3f} (95% CI {r['lo']:.3f} .. {r['hi']:.3f}, "
                    f"chi2/dof {r['chi2_dof']:.2f})" if np.isfinite(r["exponent"])
                    else f"no fit (fewer than {MIN_FIT_POINTS} slices)")
-            if r["status"] == "scattered":
+            if r["chi2_dof"] > SCATTER:
                 fit += " — scattered: one power law does not describe it"
-            elif r["status"] == "grid_limited":
+            if r["status"] == "grid_limited":
                 fit += (" — grid-limited: no slice places its boundary, so the exponent is that "
                         "of grid-gap midpoints and says little")
             lines.append(f"  step {int(r[STEP])}: {int(r['n_found'])} of {int(r['n_slices'])} "
@@ -549,7 +552,7 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
     lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f} "
                  f"(95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; {fit['n_points']} points, "
                  f"chi2/dof {fit['chi2_dof']:.2f})")
-    if row["status"] == "scattered":
+    if fit["chi2_dof"] > SCATTER:  # also when grid-limited: both are said
         lines.append(f"warning: the boundaries scatter about their fit {fit['chi2_dof']:.1f} "
                      "times more than their intervals allow: one power law does not describe "
                      "this boundary (it bends, or the slices differ)")

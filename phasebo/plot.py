@@ -537,6 +537,11 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
     from .boundaries import power_law_row
 
     fig, ax = regime_map(runs, x, y, title=title)
+    if title is None and "fitting" in b.columns and len(b) and \
+            b["fitting"].iloc[0] == "not_overfitting":  # the estimator, on the figure
+        head, *rest = ax.get_title().split("\n", 1)
+        ax.set_title("\n".join([f"{head}, runs still fitting as not overfitting", *rest]),
+                     fontsize=10)
     row = power_law_row(b, x, y)
     fit = th = None
     if row["status"] != "too_few_slices":

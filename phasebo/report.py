@@ -260,7 +260,11 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
             print(f"phasebo.plot: skipped the cases figure: {e}", file=sys.stderr)
     todo = [("heatmap", h) for h in heat] + [("line", h) for h in lines]
     for i, (kind, h) in enumerate(todo):
-        got = _retarget(df, h, kind, i if kind == "heatmap" else i - len(heat))
+        try:
+            got = _retarget(df, h, kind, i if kind == "heatmap" else i - len(heat))
+        except ValueError as e:  # its where names a value --set left out: said, not fatal
+            print(f"phasebo.plot: skipped [plot] {kind} #{i + 1}: {e}", file=sys.stderr)
+            continue
         if got is None:
             continue
         kind, h = got

@@ -213,6 +213,9 @@ def test_pivot_says_what_it_cannot_do_instead_of_returning_less():
         pb.select(runs, {"d": 999})
     both = pb.select(runs, {"d": runs["d"].iloc[0], "n": 20})  # values present select their rows
     assert len(both) and (both["d"] == runs["d"].iloc[0]).all()
+    # NaN: the runs without the setting (a model that does not take it), as slices name them
+    mixed = runs.assign(flow_time=np.where(np.arange(len(runs)) % 2, np.nan, 5.0))
+    assert len(pb.select(mixed, {"flow_time": float("nan")})) == len(runs) // 2
     with pytest.raises(ValueError, match="no step column"):
         A.pivot(runs, "signal_norm", "d", "test_acc", step=1000)
     with pytest.raises(KeyError, match="did you mean 'test_acc'"):

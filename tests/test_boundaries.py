@@ -321,6 +321,8 @@ def test_runs_still_fitting_count_apart_or_as_not_overfitting():
     assert (apart["fitting"] == "apart").all() and (counted["fitting"] == "not_overfitting").all()
     assert "left apart" in summary(apart, "m", "d")
     assert "counted as not overfitting" in summary(counted, "m", "d")
+    with pytest.raises(ValueError, match="between names 'fitting'"):
+        boundaries(df, "m", "d", between=("fitting", "benign"), fitting="not_overfitting")
     with pytest.raises(ValueError, match="fitting = 'ignore'"):
         boundaries(df, "m", "d", between=("not_overfitting", "benign"), fitting="ignore")
 

@@ -333,6 +333,13 @@ def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
     assert f"table: {tmp_path / 'boundaries_harmful_benign.csv'}" in q.stdout
     assert "separated 1" in q.stdout
     assert not list(grid.glob("boundar*"))  # --out: nothing written beside the sweep
+    from phasebo.cli import run  # the other rule writes its own files, never over these
+
+    assert run(["boundaries", str(grid), "--between", "harmful,benign", "--boot", "20",
+                "--fitting", "not_overfitting", "--no-plots", "--out", str(tmp_path)]) == 0
+    other = pd.read_csv(tmp_path / "boundaries_harmful_benign_fitting-not_overfitting.csv")
+    assert set(other["fitting"]) == {"not_overfitting"}
+    assert set(pd.read_csv(tmp_path / "boundaries_harmful_benign.csv")["fitting"]) == {"apart"}
 
 
 @pytest.mark.slow  # 19 s; test_execute's Ctrl-C test covers the default (measured) chunking

@@ -94,6 +94,18 @@ def test_a_regime_map_with_one_axis_left_draws_the_regime_shares(tmp_path, capsy
     assert "drawn as the regime shares against signal_norm" in err
 
 
+def test_a_plot_slice_that_set_left_out_is_skipped_and_said(tmp_path, capsys):
+    plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime",
+                          "where": {"noise_ratio": 0.1}}]}
+    fixed = {**{k: v for k, v in BASE.items() if k != "d"}, "noise_ratio": 0.2}
+    spec = pb.spec_from_dict(fixed, {"signal_norm": [1.0, 9.0], "d": [40, 48]}, seeds=1,
+                             name="gone", plot=plot)  # as --set noise_ratio=0.2
+    assert len(run_sweep(spec, tmp_path / "g", quiet=True)) == 4
+    assert "skipped [plot] heatmap #1: select: noise_ratio = 0.1 is in no row" in \
+        capsys.readouterr().err
+    assert (tmp_path / "g" / "report.html").exists()  # the sweep finished: report included
+
+
 def test_a_cases_sweep_gets_no_map_and_one_dynamics_line_per_case(tmp_path):
     cases = [{"d": 48, "signal_norm": 1.0}, {"d": 64, "signal_norm": 3.0},
              {"d": 96, "signal_norm": 9.0}]

@@ -218,7 +218,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         first = Path(args.results[0])
         out = first if first.is_dir() else first.parent
     when = "" if step is None else f"_step{step}" if isinstance(step, int) else f"_steps_{step}"
-    stem = f"boundaries_{between[0]}_{between[1]}{when}"
+    rule = "" if args.fitting == "apart" else f"_fitting-{args.fitting}"  # both rules kept
+    stem = f"boundaries_{between[0]}_{between[1]}{when}{rule}"
     b.to_parquet(out / f"{stem}.parquet", index=False)
     b.to_csv(out / f"{stem}.csv", index=False)
     lead = ["step"] if "step" in b.columns else []
@@ -241,11 +242,16 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         figs = []
         if "step" in b.columns and b["step"].nunique() > 1:
             figs.append((boundary_trajectory(b, args.x, args.y)[0],
-                         f"boundary_trajectory_{between[0]}_{between[1]}"))
+                         f"boundary_trajectory_{between[0]}_{between[1]}{rule}"))
         else:
             runs = df if "step" not in df.columns else df[df["step"].isin(b["step"].unique())]
+            if args.fitting == "not_overfitting":  # the map coloured as the fit counted them
+                runs = runs.assign(regime=pd.Categorical(
+                    runs["regime"].astype(str).replace({"fitting": "not_overfitting"}),
+                    categories=runs["regime"].cat.categories if hasattr(runs["regime"], "cat")
+                    else None))
             figs.append((boundary_figure(runs, b, args.x, args.y),
-                         f"boundary_{between[0]}_{between[1]}{when}"))
+                         f"boundary_{between[0]}_{between[1]}{when}{rule}"))
         for fig, fname in figs:
             print("figure: " + ", ".join(map(str, save(fig, out / fname, formats))))
     print(f"table: {out / (stem + '.csv')}"
