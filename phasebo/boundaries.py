@@ -69,6 +69,20 @@ RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated
 # how runs still fitting their flipped labels count in a boundary fit (boundaries(fitting=...))
 FITTING_RULES = ("apart", "not_overfitting")
 
+
+def count_fitting(df: pd.DataFrame, fitting: str) -> pd.DataFrame:
+    """``df`` with its ``regime`` column as the rule ``fitting`` counts it: unchanged for
+    ``"apart"``; for ``"not_overfitting"`` the runs still fitting relabelled not overfitting (a
+    categorical column keeps its categories)."""
+    if fitting == "apart":
+        return df
+    reg = df["regime"]
+    new = reg.astype(str).replace({"fitting": "not_overfitting"})
+    if isinstance(reg.dtype, pd.CategoricalDtype):
+        new = pd.Categorical(new, categories=reg.cat.categories, ordered=reg.cat.ordered)
+    return df.assign(regime=new)
+
+
 def bounded(lo, hi, log: bool = True):
     """Whether the intervals ``[lo, hi]`` are bounded: finite, and above 0 on a log axis (an
     interval reaching 0 there has no width to weigh or draw)."""
@@ -277,7 +291,7 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
         if regime != "regime":
             raise ValueError("fitting = 'not_overfitting' relabels the regime column; fix: "
                              "regime='regime', or relabel your own column")
-        df = df.assign(regime=df["regime"].astype(str).replace({"fitting": "not_overfitting"}))
+        df = count_fitting(df, fitting)
     keys = [y, *by]
     fixed = {x, *keys, *over, "seed", "root_seed"}
     def tied_to_x(c):  # a setting that x determines one to one (d when x is the snr)

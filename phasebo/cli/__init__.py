@@ -167,7 +167,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     import pandas as pd
 
     from ..analysis import load
-    from ..boundaries import boundaries, power_law_row, summary
+    from ..boundaries import FITTING_RULES, boundaries, count_fitting, power_law_row, summary
     from ..settings import ConfigError
     from .args import Parser, at_least, figure_formats, out_dir
 
@@ -180,7 +180,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     p.add_argument("--by", default="", help="more slice columns, comma separated")
     p.add_argument("--over", default="", help="settings to pool inside a slice, comma separated")
     p.add_argument("--boot", type=int, default=400, help="bootstrap replicates")
-    p.add_argument("--fitting", default="apart", choices=("apart", "not_overfitting"),
+    p.add_argument("--fitting", default="apart", choices=FITTING_RULES,
                    help="runs still fitting their flipped labels: on neither side (apart, the "
                         "default) or counted as not overfitting (a label unfitted at the step)")
     p.add_argument("--out", help="output directory (default: the first results directory)")
@@ -245,11 +245,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
                          f"boundary_trajectory_{between[0]}_{between[1]}{rule}"))
         else:
             runs = df if "step" not in df.columns else df[df["step"].isin(b["step"].unique())]
-            if args.fitting == "not_overfitting":  # the map coloured as the fit counted them
-                runs = runs.assign(regime=pd.Categorical(
-                    runs["regime"].astype(str).replace({"fitting": "not_overfitting"}),
-                    categories=runs["regime"].cat.categories if hasattr(runs["regime"], "cat")
-                    else None))
+            runs = count_fitting(runs, args.fitting)  # the map coloured as the fit counted
             figs.append((boundary_figure(runs, b, args.x, args.y),
                          f"boundary_{between[0]}_{between[1]}{when}{rule}"))
         for fig, fname in figs:
