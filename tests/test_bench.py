@@ -64,6 +64,11 @@ def test_bench_gpu_section_runs_a_job_as_a_user_and_keeps_its_table(tmp_path, ca
                     ("benign", "fitting", "harmful", "not_overfitting")) == rec[0]["regimes"]
 
 
+def test_whole_sweep_rate_is_total_runs_over_total_time():
+    recs = [{"a": 1.0, "b": 10.0}, {"a": 4.0, "b": 10.0}]  # 1 s and 0.25 s per run of a
+    assert bench.whole_sweep(recs, ("a", "b")) == {"a": 2 / 1.25, "b": 10.0}
+
+
 @pytest.mark.slow  # 38 s; the quick loop section runs by default
 def test_bench_dynamics_section_reports_the_ratios(tmp_path, capsys):
     out = tmp_path / "bench.json"

@@ -13,7 +13,8 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="phasebo reference",
                description="Run the reference sweeps and rebuild results/reference/*.png.")
     p.add_argument("--out", default=str(REFERENCE_DIR),
-                   help="where the reference sweeps and figures go (default: %(default)s)")
+                   help="where the figures go (default: %(default)s); the runs always go to "
+                        "results/reference-runs")
     p.add_argument("--seeds", type=int, default=2, help="seeds per cell of the p-only S3 map")
     p.add_argument("--official-seeds", type=int, default=1,
                    help="seeds per cell of the W-and-p S3 map (the paper had 1)")
