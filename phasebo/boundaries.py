@@ -17,8 +17,9 @@ sampled ``x`` range is ``"outside_range"`` (an extrapolation is not a measuremen
 ``A`` and ``B`` runs do not overlap in ``x`` is ``"separated"``: its interval is then at least the
 gap between the last all-``A`` and the first all-``B`` value, since the data cannot place the
 boundary inside it. Likewise a slice whose fitted transition is narrower than the gap between
-the sampled ``x`` values on either side of its estimate is ``"unresolved"``, and its interval holds
-that gap. A bootstrap replicate that drew no run of ``A`` (or of ``B``) has no boundary in the
+the sampled ``x`` values on either side of its estimate, or whose runs at those two values are all
+``A`` on one side and all ``B`` on the other, is ``"unresolved"``, and its interval holds that gap.
+A bootstrap replicate that drew no run of ``A`` (or of ``B``) has no boundary in the
 range: it counts as beyond the range on that regime's side (+-inf), so an interval the seeds
 cannot bound comes out infinite. A slice whose estimate lies in the range but whose interval the
 seeds cannot bound (infinite, or reaching 0 on a log axis: too few seeds) is ``"unbounded"``:
@@ -207,16 +208,22 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     # unresolved: the fitted transition (logit -2.2 .. 2.2) is narrower than the gap between the
     # sampled x values on either side of the estimate, so the grid cannot place the boundary
     # inside that gap (a steep fit through one mixed point is not a precise boundary)
+    # Likewise when every run at the sampled x just below the estimate is one regime and every
+    # run just above it the other: wherever the fit puts the boundary inside that gap, it is put
+    # there by runs elsewhere in the slice (a stray run far away tilts it), not by the gap's sides
     ts = np.unique(t)
     below, above = ts[ts < est], ts[ts > est]
-    if status == "ok" and len(below) and len(above) and \
-            2 * math.log(9) * s / max(abs(float(c[0])), 1e-300) < above[0] - below[-1]:
-        status = "unresolved"
-        lo, hi = min(lo, below[-1]), max(hi, above[0])
+    if status == "ok" and len(below) and len(above):
+        yl, yr = yb[t == below[-1]], yb[t == above[0]]
+        steep = 2 * math.log(9) * s / max(abs(float(c[0])), 1e-300) < above[0] - below[-1]
+        pure = np.ptp(yl) == 0 and np.ptp(yr) == 0 and yl[0] != yr[0]
+        if steep or pure:
+            status = "unresolved"
+            lo, hi = min(lo, below[-1]), max(hi, above[0])
     with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
         est, lo, hi = float(back(est)), float(back(lo)), float(back(hi))
-    if status == "ok" and not bounded(lo, hi, log):
-        status = "unbounded"  # too few seeds to bound it (e.g. 3): not placed
+    if status in ("ok", "unresolved") and not bounded(lo, hi, log):
+        status = "unbounded"  # too few seeds to bound it (e.g. 3): not placed, whatever the grid
     out.update(boundary=est, lo=lo, hi=hi, slope=float(c[0] / s), status=status,
                pseudo_r2=float(1 - ll[0] / ll0[0]) if ll0[0] < 0 else np.nan)
     return out

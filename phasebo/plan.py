@@ -142,10 +142,11 @@ def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None
             shape = shape.replace(f"d = {p.d}", f"d = {d_max} run padded to {p.d}", 1)
         elif hasattr(p, "d") and d_max > p.d:  # an engine that steps in the span of the data
             shape = shape.replace(f"d = {p.d}", f"d = {d_max} run in {p.d} span coordinates", 1)
+        projected = getattr(p, "test_mode", "projected") == "projected"  # nothing to switch to
         raise ConfigError(
             f"{what} of {g.model.name} needs about {size_text(g.bytes_per_run)} ({shape}) but the "
-            f"memory budget is {size_text(per_dev)} per device; fix: lower d, n or n_test, use "
-            "test_mode = \"projected\", or raise --memory-budget")
+            f"memory budget is {size_text(per_dev)} per device; fix: lower d, n or n_test, "
+            + ("" if projected else "use test_mode = \"projected\", ") + "or raise --memory-budget")
     hint = block_size or (g.engine.block_size(g.model, g.program, platform) if g.members == 1
                           else g.engine.group_block_size(g.model, g.program, platform, g.members))
     g.block = max(1, min(hint, int(per_dev // max(g.bytes_per_run, 1))))
@@ -297,4 +298,9 @@ def describe(pl: Plan, out: Path) -> str:
     lines.append(f"  estimated time ~{fmt_time(total_t)} (cost model of `phasebo bench`), tables "
                  f"~{estimated_disk(pl) / 2**20:.1f} MiB on disk, memory budget "
                  f"{pl.budget / 2**30:.1f} GiB")
+    if any(getattr(g.program, "dynamics", "gd") == "flow" for g in pl.groups):
+        # the solver's steps are set by the flow's stiffness, unknown before it runs
+        lines.append("  a flow's time is its solver's steps, which the estimate takes as ~30 per "
+                     "decade of flow time: a stiff flow (large signal, weight decay) can take "
+                     "10x longer")
     return "\n".join(lines)

@@ -98,7 +98,8 @@ from .results import REGIMES
 def _row_meshes(ax, g: pd.DataFrame, xs, ys, logx, logy, draw):
     """A rectilinear grid draws as one mesh; a refined (non-uniform) grid, whose rows hold
     different x values, draws row by row with each row's own cell edges."""
-    full = g.notna().to_numpy().all() or len(ys) == 1
+    have = g.notna().to_numpy()
+    full = have.all() or not have.any() or len(ys) == 1  # no value anywhere: one grey mesh
     ye = _edges(ys, logy)
     if full:
         return [draw(_edges(xs, logx), ye, g.to_numpy())], _edges(xs, logx), ye
@@ -336,8 +337,10 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     meshes, xe, ye = _row_meshes(ax, g, xs, ys, logx, logy, draw)
     what = _label(value) + ("" if stat == "mean" else f" ({stat})")
     if colorbar:
-        fig.colorbar(meshes[0], ax=ax, label=f"{what}\n(data range {range_text(lo, hi)})")
-    ax.value_range = (lo, hi)  # for small multiples' shared colour bar
+        span = f"data range {range_text(lo, hi)}" if fin.size else "no value in any cell"
+        cbar = fig.colorbar(meshes[0], ax=ax, label=f"{what}\n({span})")
+        if not fin.size:
+            cbar.set_ticks([])
     _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     text = f"{_label(value)} ({stat} over seeds; {_seed_text(cells)})"

@@ -20,11 +20,12 @@ def _tokens(dyn: pd.DataFrame, prefix: str) -> list[str]:
 
 
 def _roles(dyn: pd.DataFrame, T: int) -> list[str]:
-    def first(c, default):
-        return int(dyn[c].iloc[0]) if c in dyn.columns else default
-
-    nr, nw, nwo = first("n_relevant", 1), first("n_weak", 1), first("n_weak_opp", 1)
-    return ["rel"] * nr + ["weak"] * nw + ["weak_opp"] * nwo + ["irr"] * (T - nr - nw - nwo)
+    """Each token's role: Sakamoto & Sato's layout from the run's ``n_relevant`` / ``n_weak`` /
+    ``n_weak_opp``; a model without them (Magen et al.'s data) has one signal token, then noise."""
+    if "n_relevant" not in dyn.columns or pd.isna(dyn["n_relevant"].iloc[0]):
+        return ["signal"] + ["noise"] * (T - 1)
+    nr, nw, nwo = (int(dyn[c].iloc[0]) for c in ("n_relevant", "n_weak", "n_weak_opp"))
+    return (["rel"] * nr + ["weak"] * nw + ["weak_opp"] * nwo + ["irr"] * (T - nr - nw - nwo))[:T]
 
 
 def _one_run(dyn: pd.DataFrame, run, where) -> pd.DataFrame:
@@ -89,8 +90,9 @@ def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping
         cols = _tokens(d, f"attn_{grp}_t")
         roles = _roles(d, len(cols))
         for k, (c, r) in enumerate(zip(cols, roles)):
-            ax.plot(step, d[c], color=ROLE_COLORS[r], lw=2.0 if r != "irr" else 1.0,
-                    alpha=1.0 if r != "irr" else 0.7, label=f"token {k}")
+            faint = r in ("irr", "noise")
+            ax.plot(step, d[c], color=ROLE_COLORS[r], lw=1.0 if faint else 2.0,
+                    alpha=0.7 if faint else 1.0, label=f"token {k}")
         name = {"clean": "clean sample", "noisy": "flipped sample"}.get(grp, f"sample {grp[1:]}")
         ax.set_title(f"{name}" + (f" — {title}" if title else ""), fontsize=10)
         ax.set_ylim(-0.02, 1.02)

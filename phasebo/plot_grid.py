@@ -99,7 +99,7 @@ def _seeds(k_min: int, k_max: int) -> str:
 
 
 TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "lr", "steps", "dynamics", "flow_time",
-                  "d", "signal_norm")
+                  "weight_decay", "d", "signal_norm")
 
 
 def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
@@ -125,6 +125,9 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         if c in ("lr", "steps") and one("dynamics") == "limit":
             continue  # a limit has no step size and no steps
         if v is None or isinstance(v, str) or (isinstance(v, float) and not np.isfinite(v)):
+            continue
+        if c == "weight_decay":  # plain GD (0): nothing to say
+            parts += [f"weight decay {_num(v)}"] if v else []
             continue
         if c == "steps" and "step" in df.columns:  # a dynamics table: the map is at its step
             at = one("step")

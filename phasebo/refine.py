@@ -48,6 +48,8 @@ from .settings import ConfigError, suggest
 
 REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
                "max_points": int, "seeds": int}
+KIND_TEXT = {int: ("a whole number", "3"), float: ("a number", "0.05"),
+             list: ("two regimes", '["benign", "harmful"]'), str: ("an axis name", '"d"')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,15 @@ def parse_refine(spec: C.SweepSpec, block: dict, where: str = "") -> Refinement:
         if k not in REFINE_KEYS:
             raise ConfigError(f"{where}[refine] {k} is not a refinement key; keys: "
                               f"{', '.join(REFINE_KEYS)}")
+        v, want = block[k], REFINE_KEYS[k]
+        ok = (isinstance(v, int) and not isinstance(v, bool) if want is int else
+              isinstance(v, int | float) and not isinstance(v, bool) if want is float else
+              isinstance(v, list | str) if want is list else isinstance(v, str))
+        if k == "seeds" and v is None:
+            ok = True
+        if not ok:
+            what, eg = KIND_TEXT[want]
+            raise ConfigError(f"{where}[refine] {k} = {v!r} is not {what}; fix: e.g. {k} = {eg}")
     between = block.get("between", ["benign", "harmful"])
     if isinstance(between, str):
         between = [b.strip() for b in between.split(",")]
@@ -102,13 +113,16 @@ def parse_refine(spec: C.SweepSpec, block: dict, where: str = "") -> Refinement:
                    rounds=int(block.get("rounds", 3)), target=float(block.get("target", 0.05)),
                    max_points=int(block.get("max_points", 2)), seeds=block.get("seeds"))
     if r.rounds < 0:
-        raise ConfigError(f"{where}[refine] rounds = {r.rounds} must be >= 0")
+        raise ConfigError(f"{where}[refine] rounds = {r.rounds} must be >= 0; fix: e.g. rounds = 3")
     if not r.target > 0:
-        raise ConfigError(f"{where}[refine] target = {r.target} must be > 0 (a relative width)")
+        raise ConfigError(f"{where}[refine] target = {r.target} must be > 0 (a relative width); "
+                          "fix: e.g. target = 0.05")
     if r.max_points < 1:
-        raise ConfigError(f"{where}[refine] max_points = {r.max_points} must be >= 1")
+        raise ConfigError(f"{where}[refine] max_points = {r.max_points} must be >= 1; fix: e.g. "
+                          "max_points = 2")
     if r.seeds is not None and int(r.seeds) < 1:
-        raise ConfigError(f"{where}[refine] seeds = {r.seeds} must be >= 1")
+        raise ConfigError(f"{where}[refine] seeds = {r.seeds} must be >= 1; fix: e.g. seeds = 10, "
+                          "or leave it out (the sweep's seeds)")
     return r
 
 

@@ -8,6 +8,8 @@ setting name with another meaning than a model before it, is an error here, not 
 
 from __future__ import annotations
 
+import dataclasses
+
 from .engines.base import Direct, Engine, Gram, Reduced
 from .models.base import Model
 from .models.constructed_query import ConstructedQueryModel
@@ -16,7 +18,7 @@ from .models.prompt_attention import PromptAttentionModel
 from .models.self_attention import MultiLayerModel, SelfAttentionModel
 from .models.single_head import SingleHeadModel
 from .models.vit_digits import ViTDigitsModel
-from .settings import ConfigError, Setting, suggest
+from .settings import ConfigError, Setting, _show, suggest
 
 ENGINES: dict[str, Engine] = {
     "direct": Direct(),
@@ -70,11 +72,18 @@ def get_model(name: str) -> Model:
 
 
 def all_settings() -> dict[str, Setting]:
-    """Every setting name any model takes (first declaration; defaults may differ by model)."""
+    """Every setting name any model takes (first declaration). Where the default differs by
+    model, ``defaults_text`` names each model's, for errors raised before the model is known."""
     out: dict[str, Setting] = {}
+    by: dict[str, dict[str, list[str]]] = {}
     for m in MODELS.values():
         for k, s in m.settings.items():
             out.setdefault(k, s)
+            by.setdefault(k, {}).setdefault(_show(s.default), []).append(m.name)
+    for k, groups in by.items():
+        if len(groups) > 1:
+            text = ", ".join(f"{v} ({', '.join(ms)})" for v, ms in groups.items())
+            out[k] = dataclasses.replace(out[k], defaults_text=text)
     return out
 
 

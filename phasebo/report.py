@@ -39,6 +39,20 @@ def map_axes(axes) -> tuple[str, str]:
     return ("signal_norm", "d") if {"signal_norm", "d"} <= set(axes) else (axes[0], axes[1])
 
 
+def tiles(df: pd.DataFrame, x: str, y: str) -> bool:
+    """Whether ``df``'s cells tile an ``(x, y)`` map in every slice of its other axes."""
+    P = _plot()
+    return P.is_grid(df, x, y) and all(P.is_grid(A.select(df, w), x, y)
+                                       for w in P.facet_slices(df, A.other_axes(df, x, y)))
+
+
+def tiling_axes(df: pd.DataFrame, axes) -> tuple[str, str]:
+    """:func:`map_axes`, turned round when only that tiles: a grid refined along ``d`` holds its
+    own ``d`` values per ``signal_norm``, so it maps with ``d`` across, a row per ``signal_norm``."""
+    x, y = map_axes(axes)
+    return (y, x) if not tiles(df, x, y) and tiles(df, y, x) else (x, y)
+
+
 def default_heatmap_axes(spec) -> tuple[str, str] | None:
     """The two axes to map when the sweep file does not say: ``signal_norm`` on x and ``d`` on
     y when both are axes, else the two longest axes."""
@@ -101,6 +115,7 @@ def check_plot_spec(spec, columns: set[str] | None = None) -> None:
                                       "an axis of the sweep such as " +
                                       ", ".join(repr(a) for a in spec.axes) if spec.axes else
                                       f"{w}{k} = {h[k]!r} is not a setting")
+            _check_colours(h, w)
             value = h.get("value", "regime" if kind == "heatmaps" else "test_acc")
             if columns is not None and value != "regime" and value not in columns:
                 from .settings import suggest
@@ -109,6 +124,31 @@ def check_plot_spec(spec, columns: set[str] | None = None) -> None:
                                   f"{suggest(value, columns)}; fix: one of regime, "
                                   + ", ".join(sorted(c for c in columns if not c.startswith("_"))
                                               [:12]) + ", ...")
+
+
+STATS = ("mean", "se", "min", "max")  # the seed statistics a map can draw (analysis.aggregate)
+
+
+def _check_colours(h: Mapping, w: str) -> None:
+    """A heatmap entry's ``stat``, ``vmin`` / ``vmax`` and ``cmap``, before anything runs."""
+    if "stat" in h and h["stat"] not in STATS:
+        raise ConfigError(f"{w}stat = {h['stat']!r} is not a seed statistic; fix: one of "
+                          + ", ".join(STATS))
+    for k in ("vmin", "vmax"):
+        if k in h and (isinstance(h[k], bool) or not isinstance(h[k], int | float)):
+            raise ConfigError(f"{w}{k} = {h[k]!r} is not a number; fix: e.g. {k} = 0.5")
+    if "vmin" in h and "vmax" in h and not h["vmin"] < h["vmax"]:
+        raise ConfigError(f"{w}vmin = {h['vmin']!r} is not below vmax = {h['vmax']!r}; fix: "
+                          "swap them")
+    if "cmap" in h:
+        from matplotlib import colormaps
+
+        if h["cmap"] not in colormaps:
+            from .settings import suggest
+
+            raise ConfigError(f"{w}cmap = {h['cmap']!r} is not a matplotlib colormap"
+                              f"{suggest(str(h['cmap']), list(colormaps))}; fix: e.g. cmap = "
+                              "\"viridis\" (matplotlib's list: matplotlib.colormaps)")
 
 
 def default_theory(df: pd.DataFrame, x: str, y: str) -> dict | None:
@@ -375,10 +415,8 @@ def _maps_or_lines(df, axes, out: Path, formats, dpi, step=None) -> list[Path]:
         return P.save(fig, out / f"{name}{tag}", formats, dpi)
 
     if len(axes) >= 2:
-        x, y = map_axes(axes)
-        if not P.is_grid(df, x, y) or not all(
-                P.is_grid(A.select(df, w), x, y)
-                for w in P.facet_slices(df, A.other_axes(df, x, y))):
+        x, y = tiling_axes(df, axes)
+        if not tiles(df, x, y):
             metrics = [m for m in ("train_acc", "test_acc", "frac_noisy_fitted")
                        if m in df.columns]
             try:
@@ -449,9 +487,9 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
                 paths += P.save(fig, out / f"ss_{name}", formats, dpi)
         if len(axes) >= 2 and "regime" in pq_columns(results_dir / "dynamics.parquet") \
                 and dyn["step"].nunique() > 1:
-            x, y = map_axes(axes)
+            x, y = tiling_axes(runs, axes)
             slices = P.facet_slices(runs, A.other_axes(runs, x, y))
-            if all(P.is_grid(A.select(runs, w), x, y) for w in slices):
+            if tiles(runs, x, y):
                 for w in slices:
                     fig, _ = P.regime_maps_over_time(dyn, x, y, where=w or None)
                     if w:

@@ -51,6 +51,9 @@ class Setting:
     # a setting added after runs were stored: at its default it leaves a run's id (and key)
     # as it was, so earlier results directories and reference runs keep their runs
     silent_default: bool = False
+    # defaults that differ by model ("20.0 (prompt_attention), 30.0 (single_head)"): set by
+    # registry.all_settings, so an error before the model is known quotes them all
+    defaults_text: str = ""
 
     def __post_init__(self):
         if self.kind not in ("static", "swept", "host", "key"):
@@ -69,7 +72,9 @@ class Setting:
 
     def coerce(self, value: Any, where: str = "") -> Any:
         """Convert and validate one value (raises :class:`ConfigError` naming field and fix)."""
-        fix = f"fix: {self.name} = {_show(self.default)} is the default ({self.doc})"
+        fix = (f"fix: {self.name} = {_show(self.default)} is the default ({self.doc})"
+               if not self.defaults_text else
+               f"fix: {self.name}'s default is {self.defaults_text} ({self.doc})")
         try:
             out = _convert(self.type, value)
         except (TypeError, ValueError):

@@ -152,6 +152,12 @@ def test_refine_block_is_validated():
     # a misspelt regime is refused here, before any run (not after the first round)
     with pytest.raises(ConfigError, match="'not_overfiting' is not a regime .*did you mean"):
         parse_refine(spec, {"between": "not_overfiting,benign"})
+    # a value of the wrong kind is one line with a fix, not a traceback nor a silent truncation
+    for k, v in (("rounds", "three"), ("rounds", 2.5), ("target", "tight"), ("x", 3),
+                 ("rounds", True)):
+        with pytest.raises(ConfigError, match=f"{k} = .* is not .*; fix: e.g. {k} = "):
+            parse_refine(spec, {k: v})
+    assert parse_refine(spec, {"target": 1}).target == 1.0
 
 
 def test_refinement_adds_points_between_disagreeing_neighbours_and_resumes(tmp_path):
@@ -261,6 +267,26 @@ def test_a_boundary_its_seeds_cannot_bound_is_unresolved():
                           False, 1)
     assert cases and {c["m"] for c in cases} == {400.0, 800.0}, cases  # beside the estimate
     assert all("root_seed" in c for c in cases)  # new seeds, not new x values
+
+
+def test_a_stray_run_far_away_does_not_place_the_boundary_inside_a_pure_gap():
+    """Four seeds: harmful at SNR 0.0158, benign at 0.0281, and one harmful run far above at
+    0.158. The two values around the boundary say only "somewhere between them"; the stray run
+    tilts the fit and its bootstrap into a narrow interval inside the gap, which the grid cannot
+    support: the slice is unresolved and its interval holds the whole gap."""
+    xs = [0.0158] * 4 + [0.0281] * 4 + [0.158] * 4
+    reg = ["harmful"] * 4 + ["benign"] * 4 + ["benign"] * 3 + ["harmful"]
+    df = pd.DataFrame({"n": 50, "seed": list(range(4)) * 3, "snr": xs, "regime": reg})
+    r = boundaries(df, "snr", "n", ("benign", "harmful")).iloc[0]
+    assert 0.0158 < r["boundary"] < 0.0281
+    assert r["status"] == "unresolved", r
+    assert r["lo"] <= 0.0158 + 1e-12 and r["hi"] >= 0.0281 - 1e-12
+    # without the stray run the slice is separated, with the same gap
+    s = boundaries(df.iloc[:11], "snr", "n", ("benign", "harmful")).iloc[0]
+    assert s["status"] == "separated" and s["lo"] <= 0.0158 + 1e-12 and s["hi"] >= 0.0281 - 1e-12
+    # mixed runs on a side of the gap are information: the fit may place the boundary there
+    mixed = df.assign(regime=reg[:3] + ["benign"] + reg[4:])
+    assert boundaries(mixed, "snr", "n", ("benign", "harmful")).iloc[0]["status"] != "separated"
 
 
 def test_seeds_that_miss_a_regime_leave_the_interval_open_on_that_side():

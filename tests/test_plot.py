@@ -125,7 +125,15 @@ def test_dynamics_figures(sweep, tmp_path):
     assert [a.get_title() for a in axes] == ["clean sample", "flipped sample"]
     assert axes[0].get_ylabel() == "softmax probability" and axes[0].get_xlabel() == "step"
     assert len(axes[0].get_lines()) == 6  # one line per token
+    legend = [x.get_text() for x in axes[-1].get_legend().get_texts()]
+    assert legend == ["relevant", "weakly relevant", "weak, opposite class", "irrelevant"]
     _png(fig, tmp_path / "attn.png")
+    # a model without Sakamoto & Sato's token layout (Magen et al.'s data): signal, then noise
+    magen = dyn.drop(columns=["n_relevant", "n_weak", "n_weak_opp"])
+    fig, axes = P.attention_dynamics(magen, where={**w, "seed": 0})
+    assert [x.get_text() for x in axes[-1].get_legend().get_texts()] == ["signal token",
+                                                                         "noise token"]
+    P.plt.close(fig)
     fig, ax = P.ss_dynamics(dyn, where=w)
     assert ax.get_ylabel().startswith("s(1 − s)") and "2 runs" in ax.get_title()
     _png(fig, tmp_path / "ss.png")
@@ -218,6 +226,15 @@ def test_value_map_colour_scales_compare_across_sweeps_and_say_the_data_range(sw
     assert P.fixed_scale("frac_noisy_fitted", 0.9) == (0.0, 1.0) and not P.fixed_scale("margin", 0)
 
 
+def test_a_value_that_no_cell_has_draws_a_grey_map_that_says_so(sweep):
+    runs = pb.load(sweep).assign(all_fit_step=np.nan)  # e.g. no run ever fitted every label
+    fig, ax = P.value_map(runs, "all_fit_step", "signal_norm", "noise_ratio")
+    assert "no value in any cell" in fig.axes[-1].get_ylabel()
+    assert "never happened in any seed" in ax.get_title()
+    assert ax.collections[0].get_array().mask.all()
+    P.plt.close(fig)
+
+
 def test_a_third_axis_is_refused_with_a_fix_in_the_sweep_files_syntax(sweep):
     runs = pb.load(sweep)
     with pytest.raises(ValueError) as e:
@@ -306,3 +323,13 @@ def test_plot_command_at_a_recorded_step(sweep, tmp_path, capsys):
     last = int(dyn_all["step"].max())  # one horizon: "last" is named by its step
     assert plot_main([str(sweep), "--step", "last", "--out", str(tmp_path / "last")]) == 0
     assert (tmp_path / "last" / f"map_regime_noise_ratio_vs_signal_norm_step{last}.png").exists()
+
+
+def test_titles_name_the_weight_decay_and_the_dynamics_only_when_they_apply():
+    from phasebo.plot_grid import settings_text
+
+    limit = pd.DataFrame({"model": ["single_head"], "n": [50], "dynamics": ["limit"],
+                          "weight_decay": [0.01], "lr": [0.01], "steps": [100]})
+    assert settings_text(limit) == "single_head, n 50, converged limit, weight decay 0.01"
+    gd = limit.assign(dynamics="gd", weight_decay=0.0)
+    assert settings_text(gd) == "single_head, n 50, lr 0.01, 100 steps"

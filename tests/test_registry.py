@@ -377,6 +377,16 @@ def test_settings_without_effect_are_refused():
             phasebo.spec_from_dict(settings)
 
 
+def test_a_bad_value_quotes_every_models_default_where_they_differ():
+    """Values are checked before the model is known (it may come from a case), so the fix must
+    not quote one model's default as every model's."""
+    with pytest.raises(ConfigError, match=r"signal_norm's default is 20.0 \(prompt_attention.*"
+                                          r"30.0 \(single_head"):
+        phasebo.spec_from_dict({"model": "single_head", "signal_norm": -3.0})
+    with pytest.raises(ConfigError, match=r"fix: sigma_eps = 1.0 is the default"):  # one default
+        phasebo.spec_from_dict({"sigma_eps": -1.0})
+
+
 def test_results_carry_only_their_models_settings_and_a_mixed_sweep_gets_the_union(tmp_path):
     spec = phasebo.spec_from_dict({"d": 40, "n_test": 40, "steps": 3, "engine": "direct"},
                                   cases=[{"model": "prompt_attention", "rho": 0.2},

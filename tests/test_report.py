@@ -262,3 +262,16 @@ def test_a_fit_through_grid_gaps_only_is_grid_limited():
     fig = P.boundary_figure(runs, b, "signal_norm", "d")
     assert any("grid-limited" in t.get_text() for t in fig.axes[0].texts)
     P.plt.close(fig)
+
+
+def test_a_grid_refined_along_d_maps_with_d_across():
+    """A refinement along d adds d values per signal_norm: rows of signal_norm tile a map,
+    rows of d do not (a d value run at one signal_norm only), so the map turns round instead of
+    falling back to the cases figure."""
+    cells = [(20.0, d) for d in (250, 500, 1000)] + [(50.0, d) for d in (250, 354, 500, 1000)]
+    df = pd.DataFrame(cells, columns=["signal_norm", "d"])
+    assert R.map_axes(["signal_norm", "d"]) == ("signal_norm", "d")
+    assert not R.tiles(df, "signal_norm", "d") and R.tiles(df, "d", "signal_norm")
+    assert R.tiling_axes(df, ["signal_norm", "d"]) == ("d", "signal_norm")
+    full = pd.DataFrame([(m, d) for m in (20.0, 50.0) for d in (250, 500)], columns=["signal_norm", "d"])
+    assert R.tiling_axes(full, ["signal_norm", "d"]) == ("signal_norm", "d")  # as before

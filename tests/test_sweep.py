@@ -131,6 +131,13 @@ GOOD = '[settings]\nd = 64\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\n'
         (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_accuracy" }]\n',
          [], ["value = 'test_accuracy' is not a column", "test_acc"]),
         (GOOD + '[plot]\nheatmaps = [{ x = "sig", y = "d" }]\n', [], ["x = 'sig'"]),
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_acc", '
+         'stat = "median" }]\n', [], ["stat = 'median'", "mean, se, min, max"]),
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", vmin = "low" }]\n', [],
+         ["vmin = 'low' is not a number"]),
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", cmap = "viridi" }]\n', [],
+         ["cmap = 'viridi' is not a matplotlib colormap", "viridis"]),
+        (GOOD + '[refine]\nrounds = "three"\n', [], ["rounds = 'three' is not a whole number"]),
         (GOOD, ["--format", "gif"], ["--format"]),
         (GOOD, ["--devices", "0"], ["--devices = 0"]),
         ('name = "../../up"\n' + GOOD, [], ["name = '../../up'", "one path component"]),

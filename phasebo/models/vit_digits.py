@@ -172,9 +172,10 @@ class ViTDigitsModel(Model):
                               "replaced) or \"bernoulli\"")
         if r["vit_width"] % r["vit_heads"]:
             raise ConfigError(f"vit_width = {r['vit_width']} must be a multiple of vit_heads = "
-                              f"{r['vit_heads']}")
+                              f"{r['vit_heads']}; fix: e.g. vit_heads = "
+                              f"{max(h for h in range(1, r['vit_heads'] + 1) if r['vit_width'] % h == 0)}")
         if C < 2:
-            raise ConfigError("classes: at least two")
+            raise ConfigError("classes: at least two; fix: e.g. classes = [3, 8], or [] for all ten")
         if r["vit_mixing"] == "cls" and r["vit_depth"] == 1:
             raise ConfigError("vit_mixing = \"cls\" changes the blocks before the last, and "
                               "vit_depth = 1 has none; fix: vit_depth >= 2 or drop vit_mixing")
