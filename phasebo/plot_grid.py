@@ -102,6 +102,9 @@ TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "lr", "steps", "dyn
                   "weight_decay", "d", "signal_norm")
 
 
+TITLE_WIDTH = 72  # characters of a title line at the figures' 10 pt on a 6.4-inch-wide figure
+
+
 def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
     """The settings that one value holds across ``df`` (model, trained parameters, n, T, r, lr,
     steps, and d or ‖μ‖ when fixed), for a title: ``prompt_attention (p), n 20, T 8, r 0.2,
@@ -137,7 +140,14 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
             continue
         parts.append(f"{_num(v)} steps" if c == "steps" else f"τ {_num(v)}" if c == "flow_time"
                      else f"{_short(c)} {_num(v)}")
-    return ", ".join(parts)
+    lines = [""]
+    for part in parts:  # lines of at most TITLE_WIDTH characters: a long title is not cut off
+        if lines[-1] and len(lines[-1]) + 2 + len(part) > TITLE_WIDTH:
+            lines[-1] += ","
+            lines.append(part)
+        else:
+            lines[-1] += (", " if lines[-1] else "") + part
+    return "\n".join(lines)
 
 
 def _telling(cells: pd.DataFrame, cases: Sequence[str], most: int = 4) -> list[str]:
@@ -194,13 +204,27 @@ def is_grid(cells: pd.DataFrame, x: str, y: str) -> bool:
     return bool(full or pairs.groupby(y)[x].nunique().min() >= 2)
 
 
+def _label_room(axis, vals) -> float:
+    """The share of ``axis``' length one tick label needs (10 pt: ~0.085 inch a character across,
+    ~0.2 inch up), so that labels of a small panel do not run into each other."""
+    ax = axis.axes
+    box = ax.get_position()
+    if axis is ax.xaxis:
+        inches = box.width * ax.figure.get_figwidth()
+        need = 0.085 * max(len(_num(v)) for v in vals) + 0.1
+    else:
+        inches, need = box.height * ax.figure.get_figheight(), 0.2
+    return need / max(inches, 1e-3)
+
+
 def _grid_ticks(axis, vals, log):
-    """Ticks at the grid values when there are few of them, plain numbers otherwise."""
+    """Ticks at the grid values when there are few of them (as many as their labels have room
+    for), plain numbers otherwise."""
     if len(vals) <= 10:
         vals = np.asarray(vals, float)
-        if log and len(vals) > 2:  # labels closer than a tenth of the span collide (80, 100)
-            u, keep = np.log(vals), [0]
-            gap = (u[-1] - u[0]) / 10
+        if len(vals) > 2:  # labels closer than their width collide (80, 100; 0.0158, 0.0281)
+            u, keep = (np.log(vals) if log else vals), [0]
+            gap = (u[-1] - u[0]) * len(u) / (len(u) - 1) * max(_label_room(axis, vals), 0.1 if log else 0.0)
             for i in range(1, len(u)):
                 if u[i] - u[keep[-1]] >= gap:
                     keep.append(i)

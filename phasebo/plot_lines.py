@@ -69,7 +69,11 @@ def regime_shares(df: pd.DataFrame, x: str, ax=None, where: Mapping | None = Non
     if A.is_aggregate(runs):
         raise ValueError("regime shares need the runs table (pb.load(path)): the aggregate's "
                          "fractions are of its own cells")
-    others = [a for a in A.cell_axes(runs) if a != x]
+    # an axis that x is a function of, one to one (d behind a derived snr), is x itself
+    pairs = runs[[x, *A.cell_axes(runs)]].drop_duplicates() if x in runs.columns else runs
+    others = [a for a in A.cell_axes(runs) if a != x and not (
+        x in runs.columns and pairs[[x, a]].drop_duplicates().shape[0] == runs[x].nunique()
+        == runs[a].nunique())]
     if others:
         raise ValueError(f"{', '.join(others)} also vary: a line per regime would pool them; "
                          f"fix: fix them with where = {{{others[0]} = ...}}")

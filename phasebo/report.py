@@ -235,6 +235,9 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
         return kind, h
     was = kind
     axes = varying(df, h.get("where"))
+    # the entry's own axis that still varies (snr of a map over (snr, n) with n fixed: a derived
+    # column, not a cell axis) is the line's x
+    still = [h[k] for k in need if h[k] not in fixed and h[k] in sel.columns]
     fixed = [f"{c} = {sel[c].iloc[0]}" for c in fixed]
     value = h.get("value", "regime" if kind == "heatmap" else "test_acc")
     if len(axes) >= 2 and kind == "heatmap":
@@ -242,7 +245,8 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
         new = {**h, "x": x, "y": y}
     elif axes:  # the value against the longest axis left; the regime shares need it alone
         shares = value == "regime" and len(axes) == 1 and not h.get("hue")
-        new, kind = {"x": axes[0], "value": value if value != "regime" or shares else "test_acc",
+        new, kind = {"x": (still or axes)[0],
+                     "value": value if value != "regime" or shares else "test_acc",
                      "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, "line"
     else:
         print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} is the only "

@@ -94,6 +94,21 @@ def test_a_regime_map_with_one_axis_left_draws_the_regime_shares(tmp_path, capsy
     assert "drawn as the regime shares against signal_norm" in err
 
 
+def test_a_map_over_a_derived_axis_with_the_other_fixed_draws_lines_against_it(tmp_path, capsys):
+    """A map over (snr, n) with n fixed: snr (a column derived from d) still varies, so the
+    lines are drawn against snr, not against d, the axis behind it; the regime shares too."""
+    plot = {"heatmaps": [{"x": "snr", "y": "n", "value": "regime"},
+                         {"x": "snr", "y": "n", "value": "test_acc"}]}
+    fixed = {k: v for k, v in BASE.items() if k != "d"}
+    spec = pb.spec_from_dict(fixed, {"d": [40, 48, 64]}, seeds=2, name="snr", plot=plot)
+    run_sweep(spec, tmp_path / "s", quiet=True)
+    err = capsys.readouterr().err
+    assert "drawn as the regime shares against snr" in err and "skipped" not in err, err
+    assert "drawn as test_acc against snr" in err
+    for name in ("line_regime_vs_snr.png", "line_test_acc_vs_snr.png"):
+        assert (tmp_path / "s" / name).exists()
+
+
 def test_a_plot_slice_that_set_left_out_is_skipped_and_said(tmp_path, capsys):
     plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime",
                           "where": {"noise_ratio": 0.1}}]}
