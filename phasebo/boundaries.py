@@ -17,8 +17,9 @@ sampled ``x`` range is ``"outside_range"`` (an extrapolation is not a measuremen
 ``A`` and ``B`` runs do not overlap in ``x`` is ``"separated"``: its interval is then at least the
 gap between the last all-``A`` and the first all-``B`` value, since the data cannot place the
 boundary inside it. Likewise a slice whose fitted transition is narrower than the gap between
-the sampled ``x`` values on either side of its estimate, or whose runs at those two values are all
-``A`` on one side and all ``B`` on the other, is ``"unresolved"``, and its interval holds that gap.
+the sampled ``x`` values on either side of its estimate, or whose runs at those two values (at
+least :data:`PURE_RUNS` each) are all ``A`` on one side and all ``B`` on the other while its
+interval lies inside the gap, is ``"unresolved"``, and its interval holds that gap.
 A bootstrap replicate that drew no run of ``A`` (or of ``B``) has no boundary in the
 range: it counts as beyond the range on that regime's side (+-inf), so an interval the seeds
 cannot bound comes out infinite. A slice whose estimate lies in the range but whose interval the
@@ -64,6 +65,7 @@ THEORY_EXPONENTS = {
 SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
                   "too_few")
 Z95 = NormalDist().inv_cdf(0.975)
+PURE_RUNS = 3  # runs on each side of a gap before its pure sides make the slice unresolved
 RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
 
@@ -213,10 +215,13 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     # there by runs elsewhere in the slice (a stray run far away tilts it), not by the gap's sides
     ts = np.unique(t)
     below, above = ts[ts < est], ts[ts > est]
-    if status == "ok" and len(below) and len(above):
+    if status == "ok" and len(below) and len(above) and est not in ts:  # on a sampled x: no gap
         yl, yr = yb[t == below[-1]], yb[t == above[0]]
         steep = 2 * math.log(9) * s / max(abs(float(c[0])), 1e-300) < above[0] - below[-1]
-        pure = np.ptp(yl) == 0 and np.ptp(yr) == 0 and yl[0] != yr[0]
+        # pure sides say something only with a few runs each (one run per x is always "pure"),
+        # and only matter when the interval does not already hold the gap
+        pure = (min(len(yl), len(yr)) >= PURE_RUNS and np.ptp(yl) == 0 and np.ptp(yr) == 0
+                and yl[0] != yr[0] and not (lo <= below[-1] and hi >= above[0]))
         if steep or pure:
             status = "unresolved"
             lo, hi = min(lo, below[-1]), max(hi, above[0])

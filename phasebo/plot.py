@@ -298,6 +298,14 @@ def range_text(lo: float, hi: float) -> str:
     return f"{a}–{b}"
 
 
+def colour_key(cbar, what: str, lo: float, hi: float, any_value: bool) -> None:
+    """Label a value map's colour bar with the data's range, or say no cell has a value."""
+    cbar.set_label(f"{what}\n(data range {range_text(lo, hi)})" if any_value else
+                   f"{what}\n(no value in any cell)")
+    if not any_value:
+        cbar.set_ticks([])
+
+
 def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d", ax=None,
               cmap: str | None = None, vmin=None, vmax=None, theory: Theory | None = None,
               where: Mapping | None = None, stat: str = "mean", logx: bool | None = None,
@@ -337,10 +345,7 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     meshes, xe, ye = _row_meshes(ax, g, xs, ys, logx, logy, draw)
     what = _label(value) + ("" if stat == "mean" else f" ({stat})")
     if colorbar:
-        span = f"data range {range_text(lo, hi)}" if fin.size else "no value in any cell"
-        cbar = fig.colorbar(meshes[0], ax=ax, label=f"{what}\n({span})")
-        if not fin.size:
-            cbar.set_ticks([])
+        colour_key(fig.colorbar(meshes[0], ax=ax), what, lo, hi, fin.size > 0)
     _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     text = f"{_label(value)} ({stat} over seeds; {_seed_text(cells)})"
@@ -423,7 +428,7 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
         what = "regime"
     else:
         what = _label(value) + ("" if stat == "mean" else f" ({stat})")
-        fig.colorbar(mesh, cax=cax, label=f"{what}\n(data range {range_text(lo, hi)})")
+        colour_key(fig.colorbar(mesh, cax=cax), what, lo, hi, bool(np.isfinite(fin).any()))
         what += f" ({stat} over seeds)"
     text = settings_text(df, skip=(x, y, *facets))
     fig.suptitle(title or f"{what}, {_seed_text(cells)}" + (f"\n{text}" if text else ""),

@@ -21,9 +21,13 @@ def _tokens(dyn: pd.DataFrame, prefix: str) -> list[str]:
 
 def _roles(dyn: pd.DataFrame, T: int) -> list[str]:
     """Each token's role: Sakamoto & Sato's layout from the run's ``n_relevant`` / ``n_weak`` /
-    ``n_weak_opp``; a model without them (Magen et al.'s data) has one signal token, then noise."""
-    if "n_relevant" not in dyn.columns or pd.isna(dyn["n_relevant"].iloc[0]):
-        return ["signal"] + ["noise"] * (T - 1)
+    ``n_weak_opp``; Magen et al.'s data (a ``noise_mode`` setting) one signal token, then noise;
+    any other model's tokens (the digits ViT's patches) no role."""
+    def has(c):
+        return c in dyn.columns and not pd.isna(dyn[c].iloc[0])
+
+    if not has("n_relevant"):
+        return ["signal"] + ["noise"] * (T - 1) if has("noise_mode") else ["token"] * T
     nr, nw, nwo = (int(dyn[c].iloc[0]) for c in ("n_relevant", "n_weak", "n_weak_opp"))
     return (["rel"] * nr + ["weak"] * nw + ["weak_opp"] * nwo + ["irr"] * (T - nr - nw - nwo))[:T]
 
@@ -90,7 +94,7 @@ def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping
         cols = _tokens(d, f"attn_{grp}_t")
         roles = _roles(d, len(cols))
         for k, (c, r) in enumerate(zip(cols, roles)):
-            faint = r in ("irr", "noise")
+            faint = r in ("irr", "noise", "token")
             ax.plot(step, d[c], color=ROLE_COLORS[r], lw=1.0 if faint else 2.0,
                     alpha=0.7 if faint else 1.0, label=f"token {k}")
         name = {"clean": "clean sample", "noisy": "flipped sample"}.get(grp, f"sample {grp[1:]}")
@@ -205,7 +209,8 @@ def gap_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, axes=None, n_r
     Mean over the selected runs, band min–max.
     """
     d = A.select(dyn, where)
-    nr = n_relevant or (int(d["n_relevant"].iloc[0]) if "n_relevant" in d.columns else 1)
+    nr = n_relevant or (int(d["n_relevant"].iloc[0]) if "n_relevant" in d.columns
+                        and not pd.isna(d["n_relevant"].iloc[0]) else 1)  # 1: Magen's signal token
     gaps = TH.attention_gaps(d, n_relevant=nr)
     T = len(_tokens(d, "logit_clean_t"))
     if axes is None:

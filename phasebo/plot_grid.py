@@ -221,7 +221,7 @@ def _grid_ticks(axis, vals, log):
     """Ticks at the grid values when there are few of them (as many as their labels have room
     for), plain numbers otherwise."""
     if len(vals) <= 10:
-        vals = np.asarray(vals, float)
+        vals = np.sort(np.asarray(vals, float))
         if len(vals) > 2:  # labels closer than their width collide (80, 100; 0.0158, 0.0281)
             u, keep = (np.log(vals) if log else vals), [0]
             gap = (u[-1] - u[0]) * len(u) / (len(u) - 1) * max(_label_room(axis, vals), 0.1 if log else 0.0)

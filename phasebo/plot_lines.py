@@ -28,7 +28,7 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     runs = A.select(df, where)
     cells = runs if A.is_aggregate(runs) else None
     if hue is None:
-        hue = [a for a in A.cell_axes(runs) if a != x] if cells is None else []
+        hue = A.other_axes(runs, x) if cells is None else []
     if cells is None:
         cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
     fig, ax = _new(ax, (6.0, 4.0))
@@ -69,11 +69,7 @@ def regime_shares(df: pd.DataFrame, x: str, ax=None, where: Mapping | None = Non
     if A.is_aggregate(runs):
         raise ValueError("regime shares need the runs table (pb.load(path)): the aggregate's "
                          "fractions are of its own cells")
-    # an axis that x is a function of, one to one (d behind a derived snr), is x itself
-    pairs = runs[[x, *A.cell_axes(runs)]].drop_duplicates() if x in runs.columns else runs
-    others = [a for a in A.cell_axes(runs) if a != x and not (
-        x in runs.columns and pairs[[x, a]].drop_duplicates().shape[0] == runs[x].nunique()
-        == runs[a].nunique())]
+    others = A.other_axes(runs, x)  # an axis tied to x one to one (d behind snr) is x itself
     if others:
         raise ValueError(f"{', '.join(others)} also vary: a line per regime would pool them; "
                          f"fix: fix them with where = {{{others[0]} = ...}}")

@@ -22,9 +22,11 @@ REGIME_COLORS = {"benign": "#0072B2", "harmful": "#D55E00", "not_overfitting": "
                  "mixed": "#BBBBBB", "failed": "#303030"}
 CORE_REGIMES = ("benign", "harmful", "not_overfitting")  # always in a regime map's key
 ROLE_COLORS = {"rel": "#009E73", "weak": "#56B4E9", "weak_opp": "#D55E00", "irr": "#9a9a9a",
-               "signal": "#009E73", "noise": "#9a9a9a"}  # the last two: Magen et al.'s tokens
+               "signal": "#009E73", "noise": "#9a9a9a",  # Magen et al.'s tokens
+               "token": "#555555"}  # a model whose tokens have no roles
 ROLE_LABELS = {"rel": "relevant", "weak": "weakly relevant", "weak_opp": "weak, opposite class",
-               "irr": "irrelevant", "signal": "signal token", "noise": "noise token"}
+               "irr": "irrelevant", "signal": "signal token", "noise": "noise token",
+               "token": "token (no roles)"}
 LABELS = {
     "signal_norm": "‖μ‖ (signal norm)", "d": "d (dimension)", "n": "n (training samples)",
     "snr": "SNR", "n_snr2": "n·SNR²", "noise_ratio": "noise ratio", "lr": "step size",

@@ -18,7 +18,7 @@ from .models.prompt_attention import PromptAttentionModel
 from .models.self_attention import MultiLayerModel, SelfAttentionModel
 from .models.single_head import SingleHeadModel
 from .models.vit_digits import ViTDigitsModel
-from .settings import ConfigError, Setting, _show, suggest
+from .settings import ConfigError, Setting, show_value, suggest
 
 ENGINES: dict[str, Engine] = {
     "direct": Direct(),
@@ -79,7 +79,7 @@ def all_settings() -> dict[str, Setting]:
     for m in MODELS.values():
         for k, s in m.settings.items():
             out.setdefault(k, s)
-            by.setdefault(k, {}).setdefault(_show(s.default), []).append(m.name)
+            by.setdefault(k, {}).setdefault(show_value(s.default), []).append(m.name)
     for k, groups in by.items():
         if len(groups) > 1:
             text = ", ".join(f"{v} ({', '.join(ms)})" for v, ms in groups.items())

@@ -135,15 +135,16 @@ def _check_colours(h: Mapping, w: str) -> None:
         raise ConfigError(f"{w}stat = {h['stat']!r} is not a seed statistic; fix: one of "
                           + ", ".join(STATS))
     for k in ("vmin", "vmax"):
-        if k in h and (isinstance(h[k], bool) or not isinstance(h[k], int | float)):
-            raise ConfigError(f"{w}{k} = {h[k]!r} is not a number; fix: e.g. {k} = 0.5")
+        if k in h and (isinstance(h[k], bool) or not isinstance(h[k], int | float)
+                       or not np.isfinite(h[k])):
+            raise ConfigError(f"{w}{k} = {h[k]!r} is not a finite number; fix: e.g. {k} = 0.5")
     if "vmin" in h and "vmax" in h and not h["vmin"] < h["vmax"]:
         raise ConfigError(f"{w}vmin = {h['vmin']!r} is not below vmax = {h['vmax']!r}; fix: "
                           "swap them")
     if "cmap" in h:
         from matplotlib import colormaps
 
-        if h["cmap"] not in colormaps:
+        if not isinstance(h["cmap"], str) or h["cmap"] not in colormaps:
             from .settings import suggest
 
             raise ConfigError(f"{w}cmap = {h['cmap']!r} is not a matplotlib colormap"
@@ -420,7 +421,10 @@ def _maps_or_lines(df, axes, out: Path, formats, dpi, step=None) -> list[Path]:
 
     if len(axes) >= 2:
         x, y = tiling_axes(df, axes)
-        if not tiles(df, x, y):
+        if (x, y) != map_axes(axes):
+            print(f"phasebo.plot: the ({y}, {x}) cells tile a map only with {x} across (a grid "
+                  f"refined along {x}): maps drawn that way round", file=sys.stderr)
+        elif not tiles(df, x, y):
             metrics = [m for m in ("train_acc", "test_acc", "frac_noisy_fitted")
                        if m in df.columns]
             try:

@@ -35,7 +35,7 @@ from . import analysis as A
 from .plot_grid import facet_slices, is_grid, settings_text, slice_text
 from .plot_style import REGIME_COLORS, ROLE_LABELS, _label
 from .regimes import REGIMES
-from .report import map_axes, pq_columns
+from .report import pq_columns, tiling_axes
 
 MAX_PANELS = 12  # more slices than this: a menu picks the panel
 MAX_RUN_LINES = 10  # runs drawn per clicked cell
@@ -209,7 +209,7 @@ def report_data(results_dir) -> dict:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     axes = _axes(runs)
     if len(axes) >= 2:
-        x, y = map_axes(axes)
+        x, y = tiling_axes(runs, axes)  # a grid refined along d: d across
     else:
         x, y = (axes[0] if axes else None), None
     mode = "map" if x is not None and (y is None or is_grid(runs, x, y)) else "cases"

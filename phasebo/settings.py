@@ -72,7 +72,7 @@ class Setting:
 
     def coerce(self, value: Any, where: str = "") -> Any:
         """Convert and validate one value (raises :class:`ConfigError` naming field and fix)."""
-        fix = (f"fix: {self.name} = {_show(self.default)} is the default ({self.doc})"
+        fix = (f"fix: {self.name} = {show_value(self.default)} is the default ({self.doc})"
                if not self.defaults_text else
                f"fix: {self.name}'s default is {self.defaults_text} ({self.doc})")
         try:
@@ -92,7 +92,7 @@ class Setting:
         return out
 
 
-def _show(v) -> str:
+def show_value(v) -> str:
     if isinstance(v, tuple):
         return "[" + ", ".join(repr(x) for x in v) + "]"
     if isinstance(v, bool):

@@ -94,3 +94,24 @@ def test_cells_differing_only_outside_a_runs_identity_are_refused_before_anythin
             P.plan(spec, n_devices=1)
     P.plan(spec_from_dict({"d": 40, "steps": 4, "engine": "reduced"}, {"signal_norm": [1.0, 3.0]}),
            n_devices=1)  # one value of each: one run per id
+
+
+def test_the_dry_run_says_a_flows_time_estimate_can_be_low_and_a_gd_sweeps_does_not(tmp_path):
+    flow = spec_from_dict({"dynamics": "flow", "flow_time": 5.0, "d": 300}, seeds=2, name="f")
+    gd = spec_from_dict({"d": 300}, seeds=2, name="g")
+    assert "a flow's time is its solver's steps" in P.describe(P.plan(flow), tmp_path)
+    assert "solver" not in P.describe(P.plan(gd), tmp_path)
+
+
+def test_a_memory_refusal_suggests_the_projected_test_set_only_when_it_is_not_in_use():
+    from phasebo.settings import ConfigError
+
+    for mode, says in (("projected", False), ("sampled", True)):
+        spec = spec_from_dict({"d": 20000, "n_test": 1000, "test_mode": mode, "engine": "direct"},
+                              seeds=1, name="m")
+        try:
+            P.plan(spec, memory_budget=2**20)
+        except ConfigError as e:
+            assert ("test_mode = \"projected\"" in str(e)) is says, e
+        else:
+            raise AssertionError("a 1 MiB budget should refuse")

@@ -129,10 +129,13 @@ def test_dynamics_figures(sweep, tmp_path):
     assert legend == ["relevant", "weakly relevant", "weak, opposite class", "irrelevant"]
     _png(fig, tmp_path / "attn.png")
     # a model without Sakamoto & Sato's token layout (Magen et al.'s data): signal, then noise
-    magen = dyn.drop(columns=["n_relevant", "n_weak", "n_weak_opp"])
+    magen = dyn.drop(columns=["n_relevant", "n_weak", "n_weak_opp"]).assign(noise_mode="projected")
     fig, axes = P.attention_dynamics(magen, where={**w, "seed": 0})
     assert [x.get_text() for x in axes[-1].get_legend().get_texts()] == ["signal token",
                                                                          "noise token"]
+    P.plt.close(fig)
+    fig, axes = P.attention_dynamics(magen.drop(columns=["noise_mode"]), where={**w, "seed": 0})
+    assert [x.get_text() for x in axes[-1].get_legend().get_texts()] == ["token (no roles)"]
     P.plt.close(fig)
     fig, ax = P.ss_dynamics(dyn, where=w)
     assert ax.get_ylabel().startswith("s(1 − s)") and "2 runs" in ax.get_title()

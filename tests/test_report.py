@@ -107,6 +107,10 @@ def test_a_map_over_a_derived_axis_with_the_other_fixed_draws_lines_against_it(t
     assert "drawn as test_acc against snr" in err
     for name in ("line_regime_vs_snr.png", "line_test_acc_vs_snr.png"):
         assert (tmp_path / "s" / name).exists()
+    runs = pb.load(tmp_path / "s")
+    fig, ax = P.line_plot(runs, "snr", "test_acc")  # one line through the 3 snr, not 3 dots
+    assert len(ax.get_lines()) == 1 and len(ax.get_lines()[0].get_xdata()) == 3
+    P.plt.close(fig)
 
 
 def test_a_plot_slice_that_set_left_out_is_skipped_and_said(tmp_path, capsys):

@@ -134,7 +134,9 @@ GOOD = '[settings]\nd = 64\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\n'
         (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_acc", '
          'stat = "median" }]\n', [], ["stat = 'median'", "mean, se, min, max"]),
         (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", vmin = "low" }]\n', [],
-         ["vmin = 'low' is not a number"]),
+         ["vmin = 'low' is not a finite number"]),
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", cmap = ["x"] }]\n', [],
+         ["cmap = ['x'] is not a matplotlib colormap"]),
         (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", cmap = "viridi" }]\n', [],
          ["cmap = 'viridi' is not a matplotlib colormap", "viridis"]),
         (GOOD + '[refine]\nrounds = "three"\n', [], ["rounds = 'three' is not a whole number"]),
