@@ -215,12 +215,14 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     # there by runs elsewhere in the slice (a stray run far away tilts it), not by the gap's sides
     ts = np.unique(t)
     below, above = ts[ts < est], ts[ts > est]
-    if status == "ok" and len(below) and len(above) and est not in ts:  # on a sampled x: no gap
+    if status == "ok" and len(below) and len(above):
         yl, yr = yb[t == below[-1]], yb[t == above[0]]
         steep = 2 * math.log(9) * s / max(abs(float(c[0])), 1e-300) < above[0] - below[-1]
         # pure sides say something only with a few runs each (one run per x is always "pure"),
-        # and only matter when the interval does not already hold the gap
-        pure = (min(len(yl), len(yr)) >= PURE_RUNS and np.ptp(yl) == 0 and np.ptp(yr) == 0
+        # only matter when the interval does not already hold the gap, and only when no mixed x
+        # value lies between them (an estimate on a sampled x)
+        pure = (est not in ts and min(len(yl), len(yr)) >= PURE_RUNS and np.ptp(yl) == 0
+                and np.ptp(yr) == 0
                 and yl[0] != yr[0] and not (lo <= below[-1] and hi >= above[0]))
         if steep or pure:
             status = "unresolved"
