@@ -64,8 +64,11 @@ def compatible(old: dict, new: SweepSpec) -> str | None:
 
     def vals(spec, k):
         v = spec.values(k)
-        if len(v) < len(spec.cases) or not v:
-            v = [*v, defaults[k].default]
+        if len(v) < len(spec.cases) or not v:  # left at the default of the sweep's model(s)
+            models = spec.values("model") or [defaults["model"].default]
+            own = [C.get_model(m).settings[k].default for m in models
+                   if k in C.get_model(m).settings]
+            v = [*v, *(own or [defaults[k].default])]
         return {json.dumps(x, default=list) for x in v}
 
     for k in sorted(names):

@@ -158,3 +158,18 @@ def test_a_sweep_refused_after_its_manifest_does_not_bind_the_directory(tmp_path
     assert main([str(f), "--out", str(out), "--quiet", "--no-plots"]) == 0
     assert main([str(f), "--out", str(out), "--dry-run", "--no-plots"]) == 0
     assert "2 of 2 runs done" in capsys.readouterr().out
+
+
+def test_writing_out_a_models_own_default_grows_its_sweep_instead_of_being_refused(tmp_path):
+    """A single_head sweep left at its own signal_norm default (30, not prompt_attention's 20),
+    then the same sweep with that default written out and one seed more: the same runs plus the
+    new seed's, not a refusal claiming the directory held signal_norm = 20."""
+    base = {"model": "single_head", "d": 60, "n": 8, "n_test": 16, "steps": 3}
+    out = tmp_path / "o"
+    first = run_sweep(spec_from_dict(base, seeds=2, name="s"), out, quiet=True, plots=False)
+    grown = run_sweep(spec_from_dict({**base, "signal_norm": 30.0}, seeds=3, name="s"), out,
+                      quiet=True, plots=False)
+    assert len(grown) == 3 and set(first["run_id"]) <= set(grown["run_id"])
+    with pytest.raises(ConfigError, match="signal_norm had 30.0 there"):
+        run_sweep(spec_from_dict({**base, "signal_norm": 20.0}, seeds=3, name="s"), out,
+                  quiet=True, plots=False)
