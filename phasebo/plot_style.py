@@ -16,9 +16,10 @@ import matplotlib.ticker as mticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 # Okabe & Ito's colour-blind-safe palette: blue / vermillion / yellow stay distinct under every
-# common colour-vision deficiency.
+# common colour-vision deficiency. no_noise (nothing to overfit) is its bluish green, not white:
+# a white cell reads as one never run, and a white line (the regime shares) is invisible.
 REGIME_COLORS = {"benign": "#0072B2", "harmful": "#D55E00", "not_overfitting": "#F0E442",
-                 "fitting": "#CC79A7", "no_noise": "#FFFFFF", "no_baseline": "#E3E3E3",
+                 "fitting": "#CC79A7", "no_noise": "#009E73", "no_baseline": "#E3E3E3",
                  "mixed": "#BBBBBB", "failed": "#303030"}
 CORE_REGIMES = ("benign", "harmful", "not_overfitting")  # always in a regime map's key
 ROLE_COLORS = {"rel": "#009E73", "weak": "#56B4E9", "weak_opp": "#D55E00", "irr": "#9a9a9a",

@@ -336,3 +336,16 @@ def test_titles_name_the_weight_decay_and_the_dynamics_only_when_they_apply():
     assert settings_text(limit) == "single_head, n 50, converged limit, weight decay 0.01"
     gd = limit.assign(dynamics="gd", weight_decay=0.0)
     assert settings_text(gd) == "single_head, n 50, lr 0.01, 100 steps"
+
+
+def test_every_regime_colour_shows_on_white_and_apart_from_cells_without_a_value():
+    """A regime's line (the regime shares) and cell must show on the white figure and not look
+    like a cell never run: no_noise was white, an invisible line."""
+    from matplotlib.colors import to_rgb
+
+    from phasebo.plot_style import REGIME_COLORS
+
+    for regime, c in REGIME_COLORS.items():
+        assert max(1 - ch for ch in to_rgb(c)) > 0.1, regime  # not white or near it
+        assert to_rgb(c) not in (to_rgb("#FFFFFF"), to_rgb("#f2f2f2")), regime
+    assert len(set(REGIME_COLORS.values())) == len(REGIME_COLORS)  # each regime its own colour
