@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from .registry import all_settings, get_model, models_using, resolve_engine
+from .registry import all_settings, defaults_text, get_model, models_using, resolve_engine
 from .settings import ConfigError, Setting, epoch_steps, suggest
 
 TOP_LEVEL_KEYS = ("name", "description", "include", "seeds", "settings", "axes", "cases",
@@ -69,7 +69,8 @@ def _setting(name: str, where: str) -> Setting:
         raise ConfigError(f"{where}unknown setting {name!r}{suggest(name, table)}; see the "
                           "settings with `phasebo settings` (known: " + ", ".join(sorted(table))
                           + ")")
-    return table[name]
+    text = defaults_text(name)  # the model may come later (a case): its errors quote them all
+    return dataclasses.replace(table[name], defaults_text=text) if text else table[name]
 
 
 def expand_range(name: str, spec: Mapping, where: str = "") -> list:

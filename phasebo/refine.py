@@ -48,8 +48,15 @@ from .settings import ConfigError, suggest
 
 REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
                "max_points": int, "seeds": int}
-KIND_TEXT = {int: ("a whole number", "3"), float: ("a number", "0.05"),
-             list: ("two regimes", '["benign", "harmful"]'), str: ("an axis name", '"d"')}
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+# each key's kind: (is the value of it, what it is, an example)
+KINDS = {int: (lambda v: _number(v) and isinstance(v, int), "a whole number", "3"),
+         float: (_number, "a number", "0.05"),
+         list: (lambda v: isinstance(v, list | str), "two regimes", '["benign", "harmful"]'),
+         str: (lambda v: isinstance(v, str), "an axis name", '"d"')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +76,9 @@ def parse_refine(spec: C.SweepSpec, block: dict, where: str = "") -> Refinement:
         if k not in REFINE_KEYS:
             raise ConfigError(f"{where}[refine] {k} is not a refinement key; keys: "
                               f"{', '.join(REFINE_KEYS)}")
-        v, want = block[k], REFINE_KEYS[k]
-        ok = (isinstance(v, int) and not isinstance(v, bool) if want is int else
-              isinstance(v, int | float) and not isinstance(v, bool) if want is float else
-              isinstance(v, list | str) if want is list else isinstance(v, str))
-        if k == "seeds" and v is None:
-            ok = True
-        if not ok:
-            what, eg = KIND_TEXT[want]
+        v = block[k]
+        is_kind, what, eg = KINDS[REFINE_KEYS[k]]
+        if not is_kind(v) and not (k == "seeds" and v is None):
             raise ConfigError(f"{where}[refine] {k} = {v!r} is not {what}; fix: e.g. {k} = {eg}")
     between = block.get("between", ["benign", "harmful"])
     if isinstance(between, str):

@@ -8,8 +8,6 @@ setting name with another meaning than a model before it, is an error here, not 
 
 from __future__ import annotations
 
-import dataclasses
-
 from .engines.base import Direct, Engine, Gram, Reduced
 from .models.base import Model
 from .models.constructed_query import ConstructedQueryModel
@@ -72,19 +70,24 @@ def get_model(name: str) -> Model:
 
 
 def all_settings() -> dict[str, Setting]:
-    """Every setting name any model takes (first declaration). Where the default differs by
-    model, ``defaults_text`` names each model's, for errors raised before the model is known."""
+    """Every setting name any model takes (first declaration; defaults may differ by model:
+    :func:`defaults_text`)."""
     out: dict[str, Setting] = {}
-    by: dict[str, dict[str, list[str]]] = {}
     for m in MODELS.values():
         for k, s in m.settings.items():
             out.setdefault(k, s)
-            by.setdefault(k, {}).setdefault(show_value(s.default), []).append(m.name)
-    for k, groups in by.items():
-        if len(groups) > 1:
-            text = ", ".join(f"{v} ({', '.join(ms)})" for v, ms in groups.items())
-            out[k] = dataclasses.replace(out[k], defaults_text=text)
     return out
+
+
+def defaults_text(name: str) -> str:
+    """Each model's default of setting ``name`` where they differ (``"20.0 (prompt_attention,
+    encoder), 30.0 (single_head)"``), for errors raised before the model is known; ``""`` where
+    every model has the same."""
+    by: dict[str, list[str]] = {}
+    for m in MODELS.values():
+        if name in m.settings:
+            by.setdefault(show_value(m.settings[name].default), []).append(m.name)
+    return ", ".join(f"{v} ({', '.join(ms)})" for v, ms in by.items()) if len(by) > 1 else ""
 
 
 def models_using(name: str) -> list[str]:

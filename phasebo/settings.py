@@ -52,7 +52,7 @@ class Setting:
     # as it was, so earlier results directories and reference runs keep their runs
     silent_default: bool = False
     # defaults that differ by model ("20.0 (prompt_attention), 30.0 (single_head)"): set by
-    # registry.all_settings, so an error before the model is known quotes them all
+    # config when it reads a setting before the model is known, so its errors quote them all
     defaults_text: str = ""
 
     def __post_init__(self):
