@@ -201,12 +201,24 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
     return out
 
 
+def _manifest(results_dir: Path) -> dict:
+    """The directory's ``manifest.json``; a refined directory (its rounds in ``round-*/``, no
+    manifest of its own) shows round 0's sweep with the refinement and its rounds' log."""
+    path = results_dir / "manifest.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    refine, first = results_dir / "refine.json", results_dir / "round-0" / "manifest.json"
+    if not refine.exists():
+        return {}
+    base = json.loads(first.read_text()) if first.exists() else {}
+    return {**base, "name": results_dir.name, "refine": json.loads(refine.read_text())}
+
+
 def report_data(results_dir) -> dict:
     """Everything the page shows, as JSON-ready data (see the module docstring)."""
     results_dir = Path(results_dir)
     runs = A.load(results_dir)
-    manifest_path = results_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = _manifest(results_dir)
     axes = _axes(runs)
     if len(axes) >= 2:
         x, y = tiling_axes(runs, axes)  # a grid refined along d: d across

@@ -276,6 +276,20 @@ def test_sweep_command_runs_the_grid_then_the_refinement(refined):
     assert pd.read_csv(out / "boundaries.csv")["d"].tolist() == [250, 4000]
 
 
+def test_a_refined_directory_reports_its_sweep_and_rounds(refined):
+    """A refined directory has no manifest of its own: its report shows round 0's sweep (the
+    file as run), with the refinement and its rounds' log as provenance, not ``null``."""
+    from phasebo.report_html import report_data
+
+    out, p = refined
+    assert_clean(p)
+    data = report_data(out)
+    first = json.loads((out / "round-0" / "manifest.json").read_text())
+    assert data["spec"] == first["spec"] and data["name"] == "refined"
+    assert data["provenance"]["refine"] == json.loads((out / "refine.json").read_text())
+    assert data["n_runs"] == 15
+
+
 def test_memory_budget_sets_the_block(refined, flags):
     """The budget of the shared flags is 1.5 runs per device: both rounds ran blocks of one run
     (and the same chunk shape: one compiled program)."""
