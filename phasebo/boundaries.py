@@ -54,14 +54,8 @@ import pandas as pd
 from .analysis import STEP, at_step, is_aggregate, setting_columns
 from .regimes import REGIME_ORDER
 from .settings import suggest
+from .theory import theory_exponent
 
-THEORY_EXPONENTS = {
-    # (boundary axis, slice axis): (exponent, where it comes from)
-    ("signal_norm", "d"): (0.5, "iso-SNR: n SNR^2 fixed, SNR = ||mu|| / (sigma sqrt d)"),
-    ("d", "signal_norm"): (2.0, "iso-SNR: d* = n ||mu||^2 / (sigma^2 n SNR^2) at fixed n SNR^2"),
-    ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n)"),
-    ("rho", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n) at fixed d"),
-}
 SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
                   "too_few")
 Z95 = NormalDist().inv_cdf(0.975)
@@ -472,11 +466,6 @@ def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float 
     return {"exponent": float(beta[1]), "lo": float(beta[1] - z * se),
             "hi": float(beta[1] + z * se), "prefactor": math.exp(beta[0]), "n_points": k,
             "chi2_dof": chi2_dof}
-
-
-def theory_exponent(x: str, y: str) -> tuple[float, str] | None:
-    """The theory's exponent of the boundary along ``x`` against the slice axis ``y``."""
-    return THEORY_EXPONENTS.get((x, y))
 
 
 MIN_FIT_POINTS = 3  # fewer resolved slices than this give no exponent worth stating

@@ -192,8 +192,10 @@ def gaussian_pair(z: jax.Array, aa, ab, bb) -> tuple[jax.Array, jax.Array]:
 
 
 def projection_normals(key: jax.Array, shape, dtype) -> jax.Array:
-    """The ``(n_test, T, 2)`` standard normals of an exact projected test set: drawn once per run,
-    so every recorded step scores the same test set."""
+    """The ``(n_test, T, 2)`` standard normals of an exact projected test set, drawn once per run
+    and reused at every recorded step: each step's test metrics are exact in distribution, but
+    across steps they are fully coupled, where one fixed d-dimensional test set would couple two
+    steps only through the overlap of their query directions."""
     return materialised(jr.normal(jr.fold_in(key, 1), (*shape, 2), dtype))
 
 
@@ -254,8 +256,9 @@ SAKAMOTO_SETTINGS = (
     Setting("sigma_eps", 1.0, float, "swept", "token noise standard deviation", positive),
     Setting("common_noise", "none", str, "host",
             "runs that differ only along this axis share their random draws (noise, labels, "
-            "test set, W_0), as the official code's seeded data: common random numbers along "
-            "signal_norm; none: every run independent", choices=("none", "signal_norm"),
+            "test set, as the official code's seeded data, and W_0, which the official code "
+            "draws per run): common random numbers along signal_norm; none: every run "
+            "independent", choices=("none", "signal_norm"),
             silent_default=True),
 )
 COMMON_NOISE = SAKAMOTO_SETTINGS[8]

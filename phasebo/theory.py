@@ -109,6 +109,28 @@ def magen_step1_snr(n, rho, eta, acc=0.95):
 # --------------------------------------------------------------------------------------------
 
 
+THEORY_EXPONENTS = {
+    # (boundary axis, slice axis): (exponent, where it comes from)
+    # The iso-SNR exponents are Sakamoto & Sato's n SNR^2 = const, SNR = ||mu|| / (sigma sqrt d),
+    # and Magen et al.'s converged limit SNR* ~ c / sqrt(n) alike. Plain GD of single-head
+    # attention from zero at step 1 has test accuracy Phi((1 - 2 eta) ||mu|| SNR sqrt(n) / 2) at
+    # sigma 1, a function of ||mu||^2 sqrt(n / d): along snr the same -1/2, along ||mu|| half the
+    # iso-SNR exponents.
+    ("signal_norm", "d"): (0.5, "iso-SNR: n SNR^2 fixed, SNR = ||mu|| / (sigma sqrt d); "
+                                "single-head GD at step 1: 1/4"),
+    ("d", "signal_norm"): (2.0, "iso-SNR: d* = n ||mu||^2 / (sigma^2 n SNR^2) at fixed n SNR^2; "
+                                "single-head GD at step 1: 4"),
+    ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n) (single-head GD at step 1 alike)"),
+    ("signal_norm", "n"): (-0.5, "iso-SNR at fixed d: ||mu||* ~ sqrt(d / n); single-head GD at "
+                                 "step 1: -1/4"),
+}
+
+
+def theory_exponent(x: str, y: str) -> tuple[float, str] | None:
+    """The theory's exponent of the boundary along ``x`` against the slice axis ``y``."""
+    return THEORY_EXPONENTS.get((x, y))
+
+
 def g(x, T):
     """Growth function ``g(x) = 2x + 2 sinh(x − log T)`` of [S]: under gradient flow
     ``g(gap(τ))`` grows about linearly in τ, so gaps grow about logarithmically. ``g(log T) =

@@ -114,3 +114,27 @@ def test_theory_does_not_import_plot():
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not any("plot" in m or "matplotlib" in m for m in names)
+
+
+def test_theory_exponents_are_the_theory_modules_slopes():
+    """Each tabled exponent is the log-log slope of the theory module's own curve: the iso-SNR
+    curves (Sakamoto & Sato), Magen et al.'s SNR* = c / sqrt(n) and its rho* at fixed d; the
+    weak-relevance factor rho has no exponent (it is not Magen's rho)."""
+    from phasebo import theory as th
+    from phasebo.theory import THEORY_EXPONENTS, theory_exponent
+
+    def slope(f, a=100.0, b=1e4):
+        return math.log(f(b) / f(a)) / math.log(b / a)
+
+    curves = {("signal_norm", "d"): lambda d: th.iso_snr_signal_norm(d, 4.0, 20),
+              ("d", "signal_norm"): lambda mu: th.iso_snr_d(mu, 4.0, 20),
+              ("snr", "n"): lambda n: th.magen_boundary_snr(n),
+              ("signal_norm", "n"): lambda n: th.magen_boundary_rho(n, 2000.0)}
+    assert set(curves) == set(THEORY_EXPONENTS)
+    for key, f in curves.items():
+        assert slope(f) == pytest.approx(theory_exponent(*key)[0], abs=1e-9), key
+    # Sakamoto & Sato's iso-SNR along n at fixed d is the same -1/2
+    assert slope(lambda n: th.iso_snr_signal_norm(2000.0, 4.0, n)) == pytest.approx(-0.5)
+    assert theory_exponent("rho", "n") is None
+    # the step-1 closed form of single-head GD: -1/2 along snr, as the table says
+    assert slope(lambda n: th.magen_step1_snr(n, 30.0, 0.1)) == pytest.approx(-0.5)

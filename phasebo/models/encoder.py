@@ -13,7 +13,9 @@ Only the CLS row matters for ``f`` (one layer), so the forward pass computes the
 ``q.k_t = L_t (W_k q)`` costs ``O(n d^2)`` instead of ``O(n T d^2)``. All parameters are trained
 (full-batch GD, optionally with weight decay). Initialisation follows PyTorch's defaults: linear
 weights and biases ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, LayerNorm ``(1, 0)``, exact (erf) GELU,
-LayerNorm eps 1e-5. Data: Sakamoto & Sato's, with a sampled test set (the network is nonlinear in
+LayerNorm eps 1e-5; except the output bias ``b``, which starts at 0 (PyTorch's ``nn.Linear(d, 1)``
+draws it from ``U(-1/sqrt d, 1/sqrt d)``, about +-0.022 at d 2000).
+Data: Sakamoto & Sato's, with a sampled test set (the network is nonlinear in
 the tokens). The attention handed to the metrics is the CLS row restricted to the ``T`` data
 tokens (``mass_noisy_weak_opp`` is the CLS attention on token 2 for flipped samples); ``attn_cls``
 is the mass the CLS token keeps on itself.
