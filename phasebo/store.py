@@ -52,13 +52,16 @@ def check_out_dir(out_dir: Path) -> None:
                           "directory")
 
 
-def compatible(old: dict, new: SweepSpec) -> str | None:
-    """Why the runs already in a directory (``old``: its manifest's spec) are not part of the
-    sweep ``new`` (None: every old value of every setting is still a value of it, so the new sweep
-    only grows the old one)."""
-    old_spec = SweepSpec(name=old.get("name", ""), fixed=old.get("fixed", {}),
-                         axes=old.get("axes", {}), seeds=old.get("seeds", 1),
-                         cases=tuple(old.get("cases", [{}])))
+def spec_of(d: dict) -> SweepSpec:
+    """A manifest's ``spec`` (:meth:`SweepSpec.to_dict`) as a :class:`SweepSpec`: the settings and
+    cases that make its runs."""
+    return SweepSpec(name=d.get("name", ""), fixed=d.get("fixed", {}), axes=d.get("axes", {}),
+                     seeds=d.get("seeds", 1), cases=tuple(d.get("cases", [{}])))
+
+
+def _lost_values(old_spec: SweepSpec, new: SweepSpec) -> tuple[str, str, str] | None:
+    """The first setting with values in ``old_spec`` that ``new`` does not have: ``(name, those
+    values, new's values)`` as text."""
     names = old_spec.setting_names() | new.setting_names()
     defaults = C.all_settings()
 
@@ -77,13 +80,54 @@ def compatible(old: dict, new: SweepSpec) -> str | None:
         before, after = vals(old_spec, k), vals(new, k)
         lost = before - after
         if lost:
-            return (f"{k} had {', '.join(sorted(lost))} there, which this sweep no longer has "
-                    f"(it has {', '.join(sorted(after))})")
-    if new.seeds < old_spec.seeds:
-        return f"it has {old_spec.seeds} seeds per cell, this sweep {new.seeds}"
+            return k, ", ".join(sorted(lost)), ", ".join(sorted(after))
     return None
 
 
+def _lost_cell(old_spec: SweepSpec, new: SweepSpec) -> str | None:
+    """A cell of ``old_spec`` whose runs ``new`` does not have although every value of every
+    setting remains (``[[cases]]`` that pair the values differently), as a reason."""
+    import numpy as np
+
+    from .grid import cell_run_ids, spec_run_ids
+
+    new_ids = spec_run_ids(new)
+    if np.isin(spec_run_ids(old_spec), new_ids).all():
+        return None
+    paired = sorted({k for c in old_spec.cases for k in c})
+    R = old_spec.runs_per_cell()
+    for cell in old_spec.cells():
+        if not np.isin(cell_run_ids(old_spec, cell, np.arange(R)), new_ids).all():
+            where = ", ".join(f"{k} = {cell.settings[k]!r}" for k in paired if k in cell.settings)
+            return (f"its runs at ({where}) are not runs of this sweep, whose [[cases]] pair "
+                    "the values differently")
+    return "some of its runs are not runs of this sweep"
+
+
+def compatible(old: dict, new: SweepSpec) -> str | None:
+    """Why the runs already in a directory (``old``: its manifest's spec) are not part of the
+    sweep ``new`` (None: every old value of every setting is still a value of it, every old run
+    is a run of it, and it has as many seeds, so the new sweep only grows the old one)."""
+    old_spec = spec_of(old)
+    lost = _lost_values(old_spec, new)
+    if lost:
+        k, gone, now = lost
+        return f"{k} had {gone} there, which this sweep no longer has (it has {now})"
+    if new.seeds < old_spec.seeds:
+        return f"it has {old_spec.seeds} seeds per cell, this sweep {new.seeds}"
+    return _lost_cell(old_spec, new)
+
+
+def added(old: dict, new: SweepSpec) -> str | None:
+    """A setting value of ``new`` that the directory's sweep ``old`` does not have, as a reason
+    (None: ``new`` only selects among the directory's runs and settings). A sweep whose runs are
+    all in the directory but whose other settings differ (a regime threshold, what is recorded)
+    is not a subset: its tables would keep the values the runs were made with."""
+    extra = _lost_values(new, spec_of(old))
+    if extra:
+        k, new_values, there = extra
+        return f"this sweep has {k} = {new_values}, they were made with {there}"
+    return None
 
 
 def read_manifest(out_dir: Path) -> dict:
@@ -113,6 +157,26 @@ def holds_runs(out_dir: Path) -> bool:
     return any((Path(out_dir) / "parts").glob("results-*.parquet"))
 
 
+def is_subset(out_dir: Path, spec: SweepSpec, old: dict) -> bool:
+    """Whether ``spec`` only selects among the runs of ``out_dir`` (its manifest ``old``): True
+    when every run is there and was made with these settings (the tables and figures will be of
+    these runs); False when it grows the directory or the directory holds no run. Raises
+    :class:`ConfigError` when it would drop runs there, or take runs made with other settings."""
+    why = compatible(old["spec"], spec) if old.get("spec") else None
+    if not why:
+        return False
+    if runs_done(out_dir, spec):
+        extra = added(old["spec"], spec)
+        if extra and holds_runs(out_dir):  # the runs are there, made with other settings
+            raise ConfigError(f"{out_dir} holds these runs made with other settings: {extra}; "
+                              "fix: choose another --out, or pass --overwrite to run them again")
+        return True
+    if holds_runs(out_dir):
+        raise ConfigError(f"{out_dir} holds runs of another sweep: {why}; fix: choose another "
+                          "--out, or pass --overwrite to discard them")
+    return False
+
+
 def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_index: int = 0,
                     wait_timeout: float = 600.0, provenance: dict | None = None) -> Path:
     """Create ``out_dir`` with its manifest. A directory holding another sweep's runs is refused
@@ -137,12 +201,8 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
     old = read_manifest(out_dir)
     provenance = {} if provenance is None else provenance
     if old and not overwrite:
-        why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
-        if why and runs_done(out_dir, spec):
+        if is_subset(out_dir, spec, old):
             provenance["subset"] = True  # every run of this sweep is there: tables of those
-        elif why and holds_runs(out_dir):
-            raise ConfigError(f"{out_dir} holds runs of another sweep: {why}; fix: choose another "
-                              "--out, or pass --overwrite to discard them")
     if overwrite:
         clear_derived(out_dir)
         old = {}

@@ -173,3 +173,39 @@ def test_writing_out_a_models_own_default_grows_its_sweep_instead_of_being_refus
     with pytest.raises(ConfigError, match="signal_norm had 30.0 there"):
         run_sweep(spec_from_dict({**base, "signal_norm": 20.0}, seeds=3, name="s"), out,
                   quiet=True, plots=False)
+
+
+def cases_spec(pairs, seeds=1):
+    return spec_from_dict(TINY, seeds=seeds, name="c",
+                          cases=[{"d": d, "signal_norm": mu} for d, mu in pairs])
+
+
+def test_cases_paired_differently_are_refused_not_silently_dropped(tmp_path, capsys):
+    """The same values of d and signal_norm in [[cases]] paired the other way: every value is
+    still there, but not one run; the directory is refused (the dry run too) instead of tables
+    that silently drop its runs. Adding a case keeps the old ones: that grows it."""
+    out = tmp_path / "o"
+    run_sweep(cases_spec([(40, 3.0), (60, 30.0)]), out, quiet=True, plots=False)
+    swapped = cases_spec([(40, 30.0), (60, 3.0)])
+    with pytest.raises(ConfigError, match=r"its runs at \(d = 40, signal_norm = 3.0\) are not "
+                                          r"runs of this sweep.*fix: choose another --out"):
+        run_sweep(swapped, out, quiet=True, plots=False)
+    grown = run_sweep(cases_spec([(40, 3.0), (60, 30.0), (60, 3.0)], seeds=2), out, quiet=True,
+                      plots=False)
+    assert len(grown) == 6
+
+
+@pytest.mark.parametrize("setting,value", [("test_eps", 0.1), ("record_every", 2)])
+def test_a_subset_with_other_labelling_or_records_is_refused(tmp_path, setting, value):
+    """Every run of the sweep is in the directory, but made with another regime threshold or
+    other records: its tables would keep the old labels and records, so it is refused; the same
+    settings select a subset as before."""
+    out = tmp_path / "o"
+    run_sweep(tiny(seeds=2), out, quiet=True, plots=False)
+    s = spec_from_dict({**TINY, setting: value}, {"signal_norm": [3.0, 30.0]}, seeds=1,
+                       name="tiny")
+    with pytest.raises(ConfigError, match=rf"holds these runs made with other settings: this "
+                                          rf"sweep has {setting} = {value}, they were made with "
+                                          r".*; fix: .*--overwrite"):
+        run_sweep(s, out, quiet=True, plots=False)
+    assert len(run_sweep(tiny(seeds=1), out, quiet=True, plots=False)) == 2

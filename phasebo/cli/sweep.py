@@ -20,7 +20,7 @@ from ..config import SweepSpec
 from ..execute import Abandoned, SigintLatch, traced_columns
 from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
-from ..store import check_out_dir, compatible, count_done, holds_runs, read_manifest
+from ..store import check_out_dir, count_done, is_subset, read_manifest
 from ..sweep import run_sweep
 from .args import Parser, at_least, figure_formats
 
@@ -176,15 +176,11 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
     if not (out / "parts").is_dir():
         print(f"  {spec.n_runs} runs to run ({out} holds none)")
         return
-    why = compatible(old.get("spec", {}), spec) if old.get("spec") else None
-    done = count_done(out, spec)
-    if why and done == spec.n_runs:
+    if is_subset(out, spec, old):
         print(f"  all {spec.n_runs} runs done: a subset of the {old.get('n_runs')} runs there "
               "(its tables and figures will be of these runs)")
         return
-    if why and holds_runs(out):
-        raise ConfigError(f"{out} holds runs of another sweep: {why}; fix: choose another --out, "
-                          "or pass --overwrite to discard them")
+    done = count_done(out, spec)
     print(f"  {done} of {spec.n_runs} runs done, {spec.n_runs - done} to run")
 
 
