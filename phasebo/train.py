@@ -11,7 +11,8 @@ Every step (from the forward pass the gradient needs anyway) the loop updates th
 each sample is first fitted (margin > 0), the cumulative sums ``cumS_g = sum_tau sum_{i in g}
 s_R^(i)(tau) (1 - s_R^(i)(tau))`` for the four groups ``g`` = clean / flipped x clean class
 (``s_R`` is the softmax mass on the relevant tokens), and the first step at which the loss, a
-gradient or the updated parameters are not finite (divergence: ``status = diverged``). At the
+gradient or the updated parameters are not finite (divergence: ``status = diverged``; also, at
+the last step, when a final loss, the smallest margin or a parameter norm is not finite). At the
 recorded steps (``record_every`` / ``record_log``) it stores the full metric set in a fixed-size
 buffer; ``lax.cond`` on an unbatched predicate keeps that cost off the other steps.
 
@@ -275,9 +276,24 @@ def finish_limit(final: dict, margin, iterations, grad_norm, tol: float, batch: 
     return no_steps(finish(final, ls, batch, roles, dtype, book), dtype)
 
 
-def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None) -> dict:
+# final metrics that are finite in any run that did not diverge (with every ``*_norm``)
+FINITE_FINAL = ("train_loss", "test_loss", "margin")
+
+
+def final_finite(final: dict) -> jax.Array:
+    """Whether the final losses, smallest margin and parameter norms are finite. Parameters near
+    the edge of the float range can train with finite losses and still overflow there (a norm,
+    the test logits): such a run diverged at its last step; it is not a phase."""
+    keys = [k for k in final if k in FINITE_FINAL or k.endswith("_norm")]
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(final[k])) for k in keys])) if keys \
+        else jnp.asarray(True)
+
+
+def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None,
+           last_step: int | None = None) -> dict:
     """Add the step-wise bookkeeping to the final metrics (``flowed``: a flow's solver steps,
-    convergence and whether it was solved, :func:`flow_loop`)."""
+    convergence and whether it was solved, :func:`flow_loop`). A run whose final metrics are not
+    finite (:func:`final_finite`) is diverged, at ``last_step`` if nothing diverged before."""
     noisy = batch.flipped
     first_fit = ls.first_fit
     n_noisy = jnp.sum(noisy)
@@ -297,19 +313,23 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
         masks = group_masks(batch.y_clean, batch.flipped)
         for g, mask in zip(GROUPS, masks):
             final[f"cumS_{g}"] = jnp.sum(jnp.where(mask, ls.cumS, 0.0))
-    final["diverge_step"] = ls.diverge
+    finite = final_finite(final)
+    diverge = ls.diverge if last_step is None else \
+        jnp.where((ls.diverge < 0) & ~finite, jnp.int32(last_step), ls.diverge)
+    final["diverge_step"] = diverge
     # the smallest margin at step steps // 2: with the final one, the trend that tells a run still
     # fitting its labels from a settled one (phasebo.regimes)
     final["margin_mid"] = ls.margin_mid
-    final["status"] = jnp.where(ls.diverge >= 0, int(Status.DIVERGED),
+    final["status"] = jnp.where((diverge >= 0) | ~finite, int(Status.DIVERGED),
                                 int(Status.OK)).astype(jnp.int32)
     if flowed is not None:
         for k in ("solver_steps", "converged", "converged_step", "converged_time"):
             final[k] = flowed[k]
         if "grad_norm" in flowed:  # the converged limit (phasebo.limit)
             final["limit_grad_norm"] = flowed["grad_norm"]
-        final["status"] = jnp.where(flowed["solved"], int(Status.OK),
-                                    int(Status.UNSOLVED)).astype(jnp.int32)
+        final["status"] = jnp.where(
+            flowed["solved"], jnp.where(finite, int(Status.OK), int(Status.DIVERGED)),
+            int(Status.UNSOLVED)).astype(jnp.int32)
     return final
 
 
@@ -444,7 +464,8 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
                                     view=lambda p_: forward(p_)[1], seen=seen,
                                     mid_margin=None if seen is None else
                                     (lambda p_: margin_fn(forward(p_)[1][0], batch.y)))
-    final_metrics = finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed)
+    final_metrics = finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed,
+                           None if flowed else steps)
     if seen is not None and roles is not None:
         for g in GROUPS:  # not accumulated in minibatch training (above): not a measured zero
             final_metrics[f"cumS_{g}"] = jnp.asarray(jnp.nan, dtype)

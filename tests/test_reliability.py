@@ -180,6 +180,22 @@ def test_diverging_run_is_data_and_leaves_its_chunk_alone(tmp_path):
     np.testing.assert_allclose(df.loc[~bad, "test_loss"], alone["test_loss"], rtol=1e-6)
 
 
+@pytest.mark.parametrize("engine", ["direct", "reduced"])
+def test_a_run_whose_final_metrics_overflow_is_diverged_at_its_last_step(tmp_path, engine):
+    """lr 1e30 on p alone: the losses and parameters stay finite through training (its entries
+    near 1e36), but the norm and the test logits overflow float32; the run is diverged at its
+    last step, not a regime with a NaN test loss."""
+    settings = {"engine": engine, "d": 250, "n": 20, "steps": 60, "n_test": 50,
+                "noise_ratio": 0.2}
+    df = run_sweep(spec_from_dict(settings, {"lr": [1e3, 1e30]}, seeds=2), tmp_path / "o",
+                   quiet=True, plots=False)
+    bad = df["lr"] > 1e10
+    assert not np.isfinite(df.loc[bad, "test_loss"]).any()  # what the run overflowed
+    assert (df.loc[bad, "status"] == "diverged").all() and (df.loc[bad, "regime"] == "diverged").all()
+    assert (df.loc[bad, "diverge_step"] == 60).all()
+    assert (df.loc[~bad, "status"] == "ok").all() and np.isfinite(df.loc[~bad, "test_loss"]).all()
+
+
 def test_changed_spec_in_the_same_directory_is_refused(tmp_path, capsys):
     f = write_sweep(tmp_path, seeds=1)
     out = tmp_path / "out"

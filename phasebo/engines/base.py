@@ -173,7 +173,8 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
             state0, step, final, static.steps, model.recorded_steps(static), record_fn,
             margin_fn=margin_fn, batch=batch, relevant=relevant, dtype=dtype, view=view,
             unroll=UNROLL, trip=trip)
-    final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed)
+    final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed,
+                           None if flowed else static.steps)
     samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw, ls.first_fit)
     return RunOutput(final_metrics, ls.buf, samples)
 
