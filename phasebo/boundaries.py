@@ -286,9 +286,10 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
             df = at_step(df, step)
         if STEP not in (x, y, *by):
             by = (*by, STEP)
-    for col in (x, y, regime, *by):
+    for col in (x, y, regime, *by, *over):
         if col not in df.columns:
-            raise ValueError(f"column {col!r} is not in the table; it has "
+            raise ValueError(f"column {col!r} is not in the table"
+                             f"{suggest(col, map(str, df.columns))}; it has "
                              f"{', '.join(map(str, df.columns[:30]))}")
     if "status" in df.columns:
         df = df[df["status"].astype(str) == "ok"]

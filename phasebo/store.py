@@ -30,7 +30,7 @@ TABLES = ("results.parquet", "results.csv", "dynamics.parquet", "samples.parquet
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".html")  # what a sweep draws into its directory
 HISTORY_KEYS = ("invocation", "subset", "started", "finished", "interrupted", "command",
                 "new_runs", "wall_s", "compile_s", "compile_beside_s", "run_s", "phasebo_version",
-                "git_commit", "host", "platform", "device_count")
+                "git_commit", "git_dirty", "cwd", "host", "platform", "device_count")
 # manifest keys that describe the directory, not an invocation's provenance (an interruption is
 # one invocation's: its history entry says it)
 NOT_PROVENANCE = ("name", "n_runs", "spec", "history", "subset", "tables_spec", "tables_n_runs",
@@ -146,8 +146,9 @@ def clear_derived(out_dir: Path) -> None:
     for f in TABLES:
         (out_dir / f).unlink(missing_ok=True)
     if out_dir.is_dir():
-        for f in out_dir.iterdir():
-            if f.is_file() and f.suffix in FIGURE_SUFFIXES:
+        for f in out_dir.iterdir():  # figures, and the boundary tables of the runs discarded
+            if f.is_file() and (f.suffix in FIGURE_SUFFIXES or f.name.startswith("boundaries")
+                                and f.suffix in (".csv", ".parquet")):
                 f.unlink()
 
 
@@ -270,15 +271,20 @@ def provenance() -> dict:
 
     from . import __version__
 
+    here = Path(__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+                                cwd=here, timeout=5).stdout.strip() or None
+        # changes not committed: the commit alone does not say what made the runs
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no",
+                                     "--", "."], capture_output=True, text=True, cwd=here,
+                                    timeout=5).stdout.strip()) if commit else None
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        commit = dirty = None
     devs = jax.local_devices()
     return {"invocation": uuid.uuid4().hex[:12], "phasebo_version": __version__,
-            "jax_version": jax.__version__, "git_commit": commit,
-            "command": command_line(), "python": _platform.python_version(),
+            "jax_version": jax.__version__, "git_commit": commit, "git_dirty": dirty,
+            "command": command_line(), "cwd": str(Path.cwd()), "python": _platform.python_version(),
             "host": _platform.node(), "device_kind": devs[0].device_kind,
             "platform": devs[0].platform, "device_count": len(devs),
             "process_count": jax.process_count()}

@@ -337,23 +337,32 @@ def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
     q = phasebo("boundaries", grid, "--x", "signal_norm", "--y", "d", "--between",
                 "harmful,benign", "--boot", 20, "--out", tmp_path)
     assert_clean(q)
-    b = pd.read_csv(tmp_path / "boundaries_harmful_benign.csv")
+    stem = "harmful_benign_along_signal_norm_per_d"
+    b = pd.read_csv(tmp_path / f"boundaries_{stem}.csv")
     assert b["d"].tolist() == [250, 4000]
     assert b["status"].tolist() == ["too_few", "separated"], b
     # separated: the boundary is the geometric midpoint of the two sampled values
     assert b["boundary"].iloc[1] == pytest.approx(math.sqrt(5 * 40), rel=1e-6)
-    assert pd.read_parquet(tmp_path / "boundaries_harmful_benign.parquet").shape[0] == 2
-    assert (tmp_path / "boundary_harmful_benign.png").stat().st_size > 5000
-    assert f"table: {tmp_path / 'boundaries_harmful_benign.csv'}" in q.stdout
+    assert pd.read_parquet(tmp_path / f"boundaries_{stem}.parquet").shape[0] == 2
+    assert (tmp_path / f"boundary_{stem}.png").stat().st_size > 5000
+    assert f"table: {tmp_path / f'boundaries_{stem}.csv'}" in q.stdout
     assert "separated 1" in q.stdout
     assert not list(grid.glob("boundar*"))  # --out: nothing written beside the sweep
-    from phasebo.cli import run  # the other rule writes its own files, never over these
+    from phasebo.cli import run  # another rule or other axes write their own files, never these
 
     assert run(["boundaries", str(grid), "--between", "harmful,benign", "--boot", "20",
                 "--fitting", "not_overfitting", "--no-plots", "--out", str(tmp_path)]) == 0
-    other = pd.read_csv(tmp_path / "boundaries_harmful_benign_fitting-not_overfitting.csv")
+    other = pd.read_csv(tmp_path / f"boundaries_{stem}_fitting-not_overfitting.csv")
     assert set(other["fitting"]) == {"not_overfitting"}
-    assert set(pd.read_csv(tmp_path / "boundaries_harmful_benign.csv")["fitting"]) == {"apart"}
+    assert run(["boundaries", str(grid), "--x", "d", "--y", "signal_norm", "--between",
+                "harmful,benign", "--boot", "20", "--no-plots", "--out", str(tmp_path)]) == 0
+    swapped = pd.read_csv(tmp_path / "boundaries_harmful_benign_along_d_per_signal_norm.csv")
+    assert "signal_norm" in swapped.columns and "d" not in swapped.columns
+    assert set(pd.read_csv(tmp_path / f"boundaries_{stem}.csv")["fitting"]) == {"apart"}
+    assert pd.read_csv(tmp_path / f"boundaries_{stem}.csv")["d"].tolist() == [250, 4000]
+    # a column to pool that the table does not have is refused, as one to slice by
+    assert run(["boundaries", str(grid), "--over", "nosuch", "--no-plots", "--out",
+                str(tmp_path)]) == 2
 
 
 @pytest.mark.slow  # 19 s; test_execute's Ctrl-C test covers the default (measured) chunking

@@ -46,8 +46,13 @@ def test_overwrite_removes_the_parts_tables_and_figures(tmp_path):
     (out / "figures").mkdir()
     (out / "figures" / "map_regime_d_vs_signal_norm.png").write_bytes(b"old")
     (out / "notes.txt").write_text("the user's own file")
+    for f in ("boundaries_harmful_benign_along_signal_norm_per_d.csv",
+              "boundaries_harmful_benign_along_signal_norm_per_d_fit.csv",
+              "boundaries_harmful_benign_along_signal_norm_per_d.parquet"):
+        (out / f).write_text("the discarded runs' boundary")
     run_sweep(tiny(mus=(5.0, 50.0)), out, overwrite=True, quiet=True, plots=False)
     assert not list(out.glob("*.png")) and not (out / "figures").exists()
+    assert not list(out.glob("boundaries*"))  # made from the runs discarded
     assert (out / "notes.txt").exists()  # not phasebo's: kept
     assert len(list((out / "parts").glob("results-*"))) >= 1
     assert [h["new_runs"] for h in read_manifest(out)["history"]] == [2]  # a new directory
@@ -122,6 +127,10 @@ def test_the_manifest_is_json_with_the_spec(tmp_path):
     run_sweep(tiny(), out, quiet=True, plots=False)
     m = json.loads((out / "manifest.json").read_text())
     assert m["spec"]["axes"] == {"signal_norm": [3.0, 30.0]} and m["n_runs"] == 2
+    # what made the runs: the commit, whether the checkout had changes, where it ran from
+    assert m["cwd"] == str(Path.cwd()) and m["history"][-1]["cwd"] == str(Path.cwd())
+    if m["git_commit"] is not None:
+        assert isinstance(m["git_dirty"], bool)
 
 
 def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path):

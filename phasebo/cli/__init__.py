@@ -219,7 +219,11 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         out = first if first.is_dir() else first.parent
     when = "" if step is None else f"_step{step}" if isinstance(step, int) else f"_steps_{step}"
     rule = "" if args.fitting == "apart" else f"_fitting-{args.fitting}"  # both rules kept
-    stem = f"boundaries_{between[0]}_{between[1]}{when}{rule}"
+    # every choice that changes the table is in its name: another analysis of the same sweep
+    # writes its own files, never over these
+    what = f"{between[0]}_{between[1]}_along_{args.x}_per_{args.y}" + "".join(
+        f"_{k}_{'-'.join(split(v))}" for k, v in (("by", args.by), ("over", args.over)) if v)
+    stem = f"boundaries_{what}{when}{rule}"
     b.to_parquet(out / f"{stem}.parquet", index=False)
     b.to_csv(out / f"{stem}.csv", index=False)
     lead = ["step"] if "step" in b.columns else []
@@ -242,12 +246,12 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         figs = []
         if "step" in b.columns and b["step"].nunique() > 1:
             figs.append((boundary_trajectory(b, args.x, args.y)[0],
-                         f"boundary_trajectory_{between[0]}_{between[1]}{rule}"))
+                         f"boundary_trajectory_{what}{rule}"))
         else:
             runs = df if "step" not in df.columns else df[df["step"].isin(b["step"].unique())]
             runs = count_fitting(runs, args.fitting)  # the map coloured as the fit counted
             figs.append((boundary_figure(runs, b, args.x, args.y),
-                         f"boundary_{between[0]}_{between[1]}{when}{rule}"))
+                         f"boundary_{what}{when}{rule}"))
         for fig, fname in figs:
             print("figure: " + ", ".join(map(str, save(fig, out / fname, formats))))
     print(f"table: {out / (stem + '.csv')}"
