@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,7 @@ from phasebo import plan as P
 from phasebo.config import load_sweep
 from phasebo.registry import ENGINES, MODELS, get_model
 
+ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
 
 # 2 (d) x 2 (||mu||) cells x 3 seeds; at d = 4000, ||mu|| = 5 is harmful and 40 benign, and every
@@ -127,6 +129,22 @@ QUICK = {
     "reference_help": ["reference", "--help"],
     "pretrain_help": ["pretrain", "--help"],
 }
+# values refused in one line (exit 2) before anything runs: name: (argv, what the line says)
+REFUSED = {
+    "reference_seeds": (["reference", "--seeds", "0"], "--seeds = 0 must be >= 1; fix:"),
+    "reference_out": (["reference", "--out", "/dev/null"], "--out /dev/null is a file"),
+    "pretrain_width": (["pretrain", "--vit-width", "0"], "vit_width = 0 must be >= 4; fix:"),
+    "pretrain_steps": (["pretrain", "--pretrain-steps", "-1"], "pretrain_steps = -1 must be"),
+    "bench_json": (["bench", "--json", "/nonexistent/b.json"], "the directory '/nonexistent' "
+                   "does not exist; fix:"),
+    "bench_repeat": (["bench", "--repeat", "0"], "--repeat = 0 must be >= 1; fix:"),
+    "coordinator": (["sweep", str(ROOT / "sweeps" / "default.toml"), "--dry-run", "--out", "o",
+                     "--distributed", "--coordinator", "nonsense"], "is not host:port; fix:"),
+    "process_id": (["sweep", str(ROOT / "sweeps" / "default.toml"), "--dry-run", "--out", "o",
+                    "--distributed", "--num-processes", "2", "--process-id", "2"],
+                   "--process-id = 2 must be in 0..1"),
+}
+QUICK.update({k: argv for k, (argv, _) in REFUSED.items()})
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +181,15 @@ def test_no_arguments_prints_the_usage_and_exits_2(quick, capsys):
         assert re.search(rf"^  {cmd} +\S", p.stderr, re.M), cmd
     assert main(["--help"]) == 0  # asked for, the same usage is not an error, on stdout
     assert capsys.readouterr().out == p.stderr
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_bad_values_are_refused_in_one_line_before_anything_runs(quick, name):
+    p = quick[name]
+    assert_clean(p, 2)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error: " in lines[0] and "fix: " in lines[0], p.stderr
+    assert REFUSED[name][1] in lines[0]
 
 
 def test_unknown_command_is_an_error_without_traceback(quick):

@@ -5,6 +5,7 @@ the commands print as one line (exit 2) before anything is read or written."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ..settings import ConfigError
@@ -33,7 +34,23 @@ def figure_formats(text: str) -> tuple[str, ...]:
 def at_least(flag: str, value: int | None, low: int = 1) -> None:
     """``--flag`` must be ``>= low`` when given."""
     if value is not None and value < low:
-        raise ConfigError(f"--{flag} = {value} must be >= {low}")
+        raise ConfigError(f"--{flag} = {value} must be >= {low}; fix: e.g. --{flag} {low}")
+
+
+def writable_file(path: str | Path, flag: str) -> Path:
+    """A file to write once the work is done: checked now (its directory exists and is
+    writable, and it is not a directory), so an hour of work never ends in a traceback."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a directory; fix: name a file in it, e.g. "
+                          f"{flag} {path / 'bench.json'}")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: the directory {str(parent)!r} does not exist; "
+                          "fix: create it, or name a file in an existing directory")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{flag} {str(path)!r} is not writable; fix: choose another file")
+    return path
 
 
 def out_dir(path: str | Path, flag: str = "--out") -> Path:

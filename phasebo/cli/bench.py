@@ -27,7 +27,8 @@ from ..bench import (
 from ..bench import __doc__ as BENCH_DOC
 from ..bench_maps import GPU_JOBS, section_gpu, section_heatmap, section_wpmap
 from ..bench_vit import section_vit
-from .args import Parser
+from ..settings import ConfigError
+from .args import Parser, at_least, writable_file
 
 
 def build_parser(prog: str = "python -m phasebo.bench") -> argparse.ArgumentParser:
@@ -85,8 +86,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     if args.precision and "precision" not in sections:
         sections.append("precision")
-    if args.steps is not None and args.steps < 1:
-        print(f"{cmd}: error: --steps = {args.steps} must be >= 1", file=sys.stderr)
+    try:  # every value before the first measurement (a run can take many minutes)
+        for flag in ("steps", "repeat", "heatmap_seeds", "cpu_devices"):
+            at_least(flag.replace("_", "-"), getattr(args, flag))
+        if args.job_timeout is not None and not args.job_timeout > 0:
+            raise ConfigError(f"--job-timeout = {args.job_timeout} must be > 0; fix: e.g. "
+                              "--job-timeout 300")
+        if args.json:
+            writable_file(args.json, "--json")
+    except ConfigError as e:
+        print(f"{cmd}: error: {e}", file=sys.stderr)
         return 2
     if args.heatmap and "heatmap" not in sections:
         sections.append("heatmap")

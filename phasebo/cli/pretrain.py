@@ -4,6 +4,7 @@ model."""
 from __future__ import annotations
 
 import json
+import sys
 
 from ..models.vit_backbone import backbone_path, backbone_record, backbone_settings
 from ..models.vit_digits import ViTDigitsModel
@@ -26,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
                        default=st.default, help=st.doc)
     args = p.parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v != model.settings[k].default}
-    try:  # the model's own checks: a setting without effect is refused, as in a sweep file
+    try:  # each value and the model's own checks: a setting without effect is refused, as in
+        # a sweep file
         from ..config import check_cell, resolve
 
+        given = {k: model.settings[k].coerce(v) for k, v in given.items()}
         check_cell(resolve({"model": model.name, **given}), given)
-    except ConfigError as e:
-        p.error(str(e))
+    except ConfigError as e:  # its own fix: not argparse's "see --help"
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return 2
     static = model.static_of({k: getattr(args, k) for k in vars(args)})
     rec = backbone_record(static)
     print(json.dumps(rec, indent=1))

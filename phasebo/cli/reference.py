@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import sys
 
 from ..reference import REFERENCE_DIR, make_reference
-from .args import Parser
+from ..settings import ConfigError
+from .args import Parser, at_least, out_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +21,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="seeds per cell of the W-and-p S3 map (the paper had 1)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    try:  # before the first of its sweeps runs
+        at_least("seeds", args.seeds)
+        at_least("official-seeds", args.official_seeds)
+        out = out_dir(args.out)
+    except ConfigError as e:
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return 2
     from .xla import tune_xla_cpu
 
     tune_xla_cpu()  # as the sweep command does
@@ -27,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         import jax  # one CPU device per core, as the sweep command does
 
         jax.config.update("jax_num_cpu_devices", os.cpu_count() or 1)
-    for path in make_reference(Path(args.out), quiet=args.quiet, seeds=args.seeds,
+    for path in make_reference(out, quiet=args.quiet, seeds=args.seeds,
                                official_seeds=args.official_seeds):
         print(path)
     return 0

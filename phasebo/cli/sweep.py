@@ -146,12 +146,39 @@ def start_jax(args) -> None:
         except RuntimeError:  # JAX already started (main() called in-process): keep it
             pass
     if getattr(args, "distributed", False):
-        jax.distributed.initialize(coordinator_address=args.coordinator,
-                                   num_processes=args.num_processes, process_id=args.process_id)
+        check_distributed(args)
+        if getattr(args, "dry_run", False):  # a dry run computes nothing: it joins no cluster
+            print("phasebo: the dry run does not join the other processes: its plan is this "
+                  "process's devices alone", file=sys.stderr)
+        else:
+            try:
+                jax.distributed.initialize(coordinator_address=args.coordinator,
+                                           num_processes=args.num_processes,
+                                           process_id=args.process_id)
+            except (RuntimeError, ValueError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"--distributed: JAX could not join the processes ({first}); "
+                                  "fix: check --coordinator, --num-processes and --process-id, "
+                                  "or the cluster's environment") from None
     elif any(getattr(args, k, None) is not None for k in ("coordinator", "num_processes",
                                                           "process_id")):
         raise ConfigError("--coordinator / --num-processes / --process-id need --distributed")
     enable_compilation_cache(jax)
+
+
+def check_distributed(args) -> None:
+    """The ``--distributed`` flags, checked before JAX is asked to join anything."""
+    at_least("num-processes", args.num_processes)
+    pid, n = args.process_id, args.num_processes
+    if pid is not None and (pid < 0 or (n is not None and pid >= n)):
+        raise ConfigError(f"--process-id = {pid} must be in 0..{n - 1 if n else 'N-1'} (one per "
+                          "process); fix: 0 on the coordinator's host, then 1, 2, ...")
+    c = args.coordinator
+    if c is not None:
+        host, _, port = c.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--coordinator = {c!r} is not host:port; fix: e.g. --coordinator "
+                              "host0:1234 (process 0's host and a free port)")
 
 
 def enable_compilation_cache(jax) -> None:
