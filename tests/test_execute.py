@@ -168,10 +168,10 @@ def started(argv, env) -> tuple:
     return proc, err, reader
 
 
-def interrupt(proc, timeout: float = 30) -> tuple:
-    """SIGINT to ``proc``: ``(exit code or None if still running timeout s later, seconds to
-    it)``."""
-    proc.send_signal(signal.SIGINT)
+def interrupt(proc, timeout: float = 30, sig=signal.SIGINT) -> tuple:
+    """SIGINT (or ``sig``) to ``proc``: ``(exit code or None if still running timeout s later,
+    seconds to it)``."""
+    proc.send_signal(sig)
     sent = time.monotonic()
     try:
         code = proc.wait(timeout=timeout)
@@ -197,7 +197,7 @@ def reap(proc, reader) -> None:
     proc.stderr.close()
 
 
-def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
+def sigint_when_counted(argv, env, total: int, timeout: float = 240, sig=signal.SIGINT) -> tuple:
     """Start ``argv``, send SIGINT once its progress bar (of ``total`` runs) counts a finished
     run: ``(exit code or None if still running 30 s later, seconds from the signal to the exit,
     stderr, the count the bar showed)``."""
@@ -210,7 +210,7 @@ def sigint_when_counted(argv, env, total: int, timeout: float = 240) -> tuple:
             assert time.monotonic() < deadline, "the sweep did not start\n" + err.decode()
             time.sleep(0.05)
         counted = int(bar.findall(err)[-1])
-        code, took = interrupt(proc)
+        code, took = interrupt(proc, sig=sig)
     finally:
         reap(proc, reader)
     return code, took, err.decode(), counted
@@ -245,6 +245,25 @@ def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path, 
     a, b = read(out), read(tmp_path / "fresh")
     assert_same_tables(a, b)
     assert pd.Index(a["results"]["run_id"]).equals(pd.Index(b["results"]["run_id"]))
+
+
+def test_sigterm_stops_as_ctrl_c_does(tmp_path):
+    """SIGTERM, a scheduler's time limit: the sweep stops as for Ctrl-C (exit 130, the computed
+    blocks saved, the invocation marked interrupted), not silently with 143 and its blocks lost."""
+    f = tmp_path / "t.toml"
+    f.write_text('name = "t"\nseeds = 250\n[settings]\nmodel = "prompt_attention"\n'
+                 'steps = 200\nn_test = 100\n[axes]\nd = [250, 4000]\nsignal_norm = [5, 40]\n')
+    out = tmp_path / "out"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
+    code, took, text, counted = sigint_when_counted(
+        [sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out), "--no-plots"], env,
+        1000, sig=signal.SIGTERM)
+    assert code == 130 and took <= 5.0, (code, took, text)
+    assert "terminated (SIGTERM)" in text and "Traceback" not in text
+    done = done_run_ids(out / "parts")
+    assert counted <= len(done) < 1000
+    entry = json.loads((out / "manifest.json").read_text())["history"][-1]
+    assert entry["interrupted"] is True and entry["new_runs"] == len(done), entry
 
 
 def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):

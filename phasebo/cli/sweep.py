@@ -215,13 +215,33 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """The sweep command (see the module docstring); its exit code."""
     import signal
 
+    main_thread = threading.current_thread() is threading.main_thread()
     old = signal.getsignal(signal.SIGINT)
+    old_term = signal.getsignal(signal.SIGTERM)
     SigintLatch.install()  # a Ctrl-C while the programs are traced is never lost
+    if main_thread:  # a cluster's time limit: stop as a Ctrl-C does, saving the blocks in flight
+        signal.signal(signal.SIGTERM, sigterm_as_sigint)
     try:
         return _main(argv, prog)
     finally:
-        if threading.current_thread() is threading.main_thread() and old is not None:
+        if main_thread and old is not None:
             signal.signal(signal.SIGINT, old)
+        if main_thread and old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def sigterm_as_sigint(signum, frame) -> None:
+    """SIGTERM (what SLURM and most schedulers send at a time limit, before SIGKILL) handled as
+    the Ctrl-C it stands for: whatever handles SIGINT now stops the sweep, so the blocks in flight
+    are saved and the manifest's history says the invocation was interrupted."""
+    import signal
+
+    print("\nterminated (SIGTERM): stopping as for Ctrl-C", file=sys.stderr, flush=True)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def _main(argv: list[str] | None, prog: str | None) -> int:
