@@ -212,60 +212,6 @@ def resolve(given: Mapping[str, Any]) -> dict:
     return out
 
 
-def label_noise_notes(spec: SweepSpec) -> list[str]:
-    """One line per (n, noise ratio, flip rule) of the sweep whose flip count changes the requested
-    ratio: ``fraction`` flips ``floor(ceil(n r) / 2)`` labels of each class, ``fixed_count``
-    ``ceil(n r)``; Bernoulli flips keep the ratio in expectation and get no note."""
-    notes: dict[tuple, str] = {}
-    names = ("model", "n", "noise_ratio", "label_noise")
-    for case in spec.cases:
-        base = {**spec.fixed, **case}
-        axes = {k: spec.axes[k] for k in names if k in spec.axes}
-        for combo in itertools.product(*axes.values()):
-            st = resolve({**base, **dict(zip(axes, combo))})
-            mode, n, r = st.get("label_noise"), st.get("n"), st.get("noise_ratio")
-            if mode not in ("fraction", "fixed_count") or n is None or r is None or r <= 0:
-                continue
-            k = int(math.ceil(round(n * r, 9)))
-            flips = 2 * (k // 2) if mode == "fraction" else k
-            if abs(flips - n * r) < 1e-9 or (mode, n, r) in notes:
-                continue
-            how = (f"floor(ceil({n} * {r:g}) / 2) = {k // 2} per class" if mode == "fraction"
-                   else f"ceil({n} * {r:g}) = {k}")
-            tail = ("no label is flipped, so these runs have nothing to overfit (regime "
-                    "no_noise)" if flips == 0 else f"an effective ratio of {flips / n:g}")
-            notes[(mode, n, r)] = (f"note: noise_ratio = {r:g} at n = {n} flips {flips} labels "
-                                   f"({mode}: {how}): {tail}")
-    return list(notes.values())
-
-
-def baseline_notes(spec: SweepSpec) -> list[str]:
-    """A line when runs judged against the clean reference (``test_reference = "clean"``) have
-    no noise-free run in the sweep: those that fit every label will read ``no_baseline``."""
-    cells = list(spec.cells())
-    if not any(c.settings.get("test_reference") == "clean" for c in cells):
-        return []
-    ratios = spec.values("noise_ratio") or [c.settings.get("noise_ratio") for c in cells]
-    if 0.0 in [float(v) for v in ratios if v is not None]:
-        return []
-    return ["note: test_reference = \"clean\" judges benign / harmful against the sweep's "
-            "noise-free runs, and noise_ratio is never 0 here: runs that fit every label will "
-            "be no_baseline; add 0 to noise_ratio to judge them"]
-
-
-def record_notes(spec: SweepSpec) -> list[str]:
-    """A line per (record_every, steps) of the sweep whose record interval is longer than its
-    runs: their dynamics hold step 0 and the last step only."""
-    seen = set()
-    for c in spec.cells():
-        every, steps = c.settings.get("record_every") or 0, c.settings.get("steps")
-        if steps and every > steps and c.settings.get("dynamics", "gd") == "gd":
-            seen.add((every, steps))
-    return [f"note: record_every = {e} is more than steps = {s}: the dynamics hold step 0 and "
-            f"step {s} only; fix: a record_every of at most {s}, or record_log = k for k "
-            "log-spaced steps" for e, s in sorted(seen)]
-
-
 def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> dict:
     """Every given setting belongs to the model, the model's checks pass, an engine can run it;
     returns the settings of the model (those it does not take dropped)."""
@@ -376,6 +322,10 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
             case[k] = s.coerce(v, w)
             fixed.pop(k, None)
         cases.append(case)
+    # the file's own values, before --set narrows them: a [plot] where must name one of these
+    # (a value --set left out is said when the figure is drawn, not refused)
+    as_filed = SweepSpec(name=name, fixed=dict(fixed), axes=dict(axes), seeds=1,
+                         cases=tuple(dict(c) for c in cases))
     for k, v in overrides.items():
         add(k, v, "--set", replace=True)
         for case in cases:  # --set wins over a per-case value
@@ -394,7 +344,41 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
                      description=str(raw.get("description", "")), cases=tuple(cases),
                      refine=dict(refine))
     validate(spec, where)
+    check_plot_where(as_filed, plot, where)
     return spec
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    return a == b or (isinstance(a, list | tuple) and isinstance(b, list | tuple)
+                      and list(a) == list(b))
+
+
+def check_plot_where(spec: SweepSpec, plot: Mapping, where: str = "") -> None:
+    """Each ``where`` of a ``[plot]`` entry names a setting and a value the sweep file has (its
+    model's default when the file leaves the setting alone): a misspelt value would select no
+    run, and its figure could only be skipped after every run had finished."""
+    models = spec.values("model") or [all_settings()["model"].default]
+    for kind in ("heatmaps", "lines"):
+        entries = plot.get(kind, [])
+        for i, h in enumerate(entries if isinstance(entries, list) else []):
+            sel = h.get("where") if isinstance(h, Mapping) else None
+            if sel is None:
+                continue
+            w = f"{where}[plot] {kind} #{i + 1}: where "
+            if not isinstance(sel, Mapping):
+                raise ConfigError(f"{w}= {sel!r} must be a table; fix: e.g. where = "
+                                  "{ noise_ratio = 0.2 }")
+            for k, v in sel.items():
+                _setting(k, w)
+                have = spec.values(k) or [get_model(m).settings[k].default for m in models
+                                          if k in get_model(m).settings]
+                for one in (v if isinstance(v, list) else [v]):
+                    if not any(_same(one, x) for x in have):
+                        raise ConfigError(
+                            f"{w}{k} = {one!r} is not a value of this sweep (it has "
+                            f"{', '.join(map(repr, have[:12]))}); fix: one of those")
 
 
 def validate(spec: SweepSpec, where: str = "") -> None:

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import SweepSpec, baseline_notes, label_noise_notes, record_notes
+from .config import SweepSpec
 from .execute import (  # noqa: F401 (the door: run_one)
     Abandoned,
     AbandonedCompile,
@@ -36,6 +36,7 @@ from .execute import (  # noqa: F401 (the door: run_one)
     run_one,
 )
 from .grid import spec_run_ids
+from .notes import baseline_notes, label_noise_notes, record_notes
 from .plan import check_disk, plan
 from .registry import ENGINES
 from .settings import ConfigError

@@ -116,9 +116,12 @@ def test_a_map_over_a_derived_axis_with_the_other_fixed_draws_lines_against_it(t
 def test_a_plot_slice_that_set_left_out_is_skipped_and_said(tmp_path, capsys):
     plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime",
                           "where": {"noise_ratio": 0.1}}]}
-    fixed = {**{k: v for k, v in BASE.items() if k != "d"}, "noise_ratio": 0.2}
-    spec = pb.spec_from_dict(fixed, {"signal_norm": [1.0, 9.0], "d": [40, 48]}, seeds=1,
-                             name="gone", plot=plot)  # as --set noise_ratio=0.2
+    from phasebo.config import build_spec
+
+    fixed = {k: v for k, v in BASE.items() if k != "d"}
+    raw = {"settings": fixed, "axes": {"signal_norm": [1.0, 9.0], "d": [40, 48],
+                                       "noise_ratio": [0.1, 0.2]}, "plot": plot}
+    spec = build_spec(raw, "gone", overrides={"noise_ratio": 0.2})  # --set noise_ratio=0.2
     assert len(run_sweep(spec, tmp_path / "g", quiet=True)) == 4
     assert "skipped [plot] heatmap #1: select: noise_ratio = 0.1 is in no row" in \
         capsys.readouterr().err

@@ -275,7 +275,7 @@ def test_linear_probe_replaces_only_the_head_of_the_cached_backbone():
 
 
 def test_a_sweep_without_noise_free_runs_is_told_its_runs_have_no_baseline():
-    from phasebo.config import baseline_notes
+    from phasebo.notes import baseline_notes
 
     assert "no_baseline" in baseline_notes(phasebo.spec_from_dict(SMALL))[0]
     assert baseline_notes(phasebo.spec_from_dict(SMALL, {"noise_ratio": [0.0, 0.2]})) == []

@@ -1,7 +1,7 @@
 """The sweep file's notes: what a sweep is told before it runs."""
 
 import phasebo
-from phasebo.config import label_noise_notes, record_notes
+from phasebo.notes import label_noise_notes, record_notes
 
 
 def test_a_record_interval_longer_than_the_run_is_noted():

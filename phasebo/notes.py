@@ -1,0 +1,64 @@
+"""Notes a sweep prints before it runs: where its settings do not do quite what they say (a flip
+count that changes the noise ratio, runs that will have no clean baseline, records sparser than
+the runs). Each note is one line; none refuses anything."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from .config import SweepSpec, resolve
+
+
+def label_noise_notes(spec: SweepSpec) -> list[str]:
+    """One line per (n, noise ratio, flip rule) of the sweep whose flip count changes the requested
+    ratio: ``fraction`` flips ``floor(ceil(n r) / 2)`` labels of each class, ``fixed_count``
+    ``ceil(n r)``; Bernoulli flips keep the ratio in expectation and get no note."""
+    notes: dict[tuple, str] = {}
+    names = ("model", "n", "noise_ratio", "label_noise")
+    for case in spec.cases:
+        base = {**spec.fixed, **case}
+        axes = {k: spec.axes[k] for k in names if k in spec.axes}
+        for combo in itertools.product(*axes.values()):
+            st = resolve({**base, **dict(zip(axes, combo))})
+            mode, n, r = st.get("label_noise"), st.get("n"), st.get("noise_ratio")
+            if mode not in ("fraction", "fixed_count") or n is None or r is None or r <= 0:
+                continue
+            k = int(math.ceil(round(n * r, 9)))
+            flips = 2 * (k // 2) if mode == "fraction" else k
+            if abs(flips - n * r) < 1e-9 or (mode, n, r) in notes:
+                continue
+            how = (f"floor(ceil({n} * {r:g}) / 2) = {k // 2} per class" if mode == "fraction"
+                   else f"ceil({n} * {r:g}) = {k}")
+            tail = ("no label is flipped, so these runs have nothing to overfit (regime "
+                    "no_noise)" if flips == 0 else f"an effective ratio of {flips / n:g}")
+            notes[(mode, n, r)] = (f"note: noise_ratio = {r:g} at n = {n} flips {flips} labels "
+                                   f"({mode}: {how}): {tail}")
+    return list(notes.values())
+
+
+def baseline_notes(spec: SweepSpec) -> list[str]:
+    """A line when runs judged against the clean reference (``test_reference = "clean"``) have
+    no noise-free run in the sweep: those that fit every label will read ``no_baseline``."""
+    cells = list(spec.cells())
+    if not any(c.settings.get("test_reference") == "clean" for c in cells):
+        return []
+    ratios = spec.values("noise_ratio") or [c.settings.get("noise_ratio") for c in cells]
+    if 0.0 in [float(v) for v in ratios if v is not None]:
+        return []
+    return ["note: test_reference = \"clean\" judges benign / harmful against the sweep's "
+            "noise-free runs, and noise_ratio is never 0 here: runs that fit every label will "
+            "be no_baseline; add 0 to noise_ratio to judge them"]
+
+
+def record_notes(spec: SweepSpec) -> list[str]:
+    """A line per (record_every, steps) of the sweep whose record interval is longer than its
+    runs: their dynamics hold step 0 and the last step only."""
+    seen = set()
+    for c in spec.cells():
+        every, steps = c.settings.get("record_every") or 0, c.settings.get("steps")
+        if steps and every > steps and c.settings.get("dynamics", "gd") == "gd":
+            seen.add((every, steps))
+    return [f"note: record_every = {e} is more than steps = {s}: the dynamics hold step 0 and "
+            f"step {s} only; fix: a record_every of at most {s}, or record_log = k for k "
+            "log-spaced steps" for e, s in sorted(seen)]
