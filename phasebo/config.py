@@ -237,8 +237,13 @@ def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> di
     if own.get("dynamics") == "limit" and "lr" in given:
         raise ConfigError(f"{where}lr = {own['lr']!r} has no effect: dynamics = \"limit\" has no "
                           "step size (L-BFGS finds the minimiser directly); fix: remove lr")
-    model.check(own)
-    resolve_engine(model, model.static_of(own))
+    try:
+        model.check(own)
+        resolve_engine(model, model.static_of(own))
+    except ConfigError as e:  # the model's own words, with the file and case they come from
+        if where and not str(e).startswith(where):
+            raise ConfigError(f"{where}{e}") from None
+        raise
     return own
 
 
@@ -384,11 +389,13 @@ def check_plot_where(spec: SweepSpec, plot: Mapping, where: str = "") -> None:
 def validate(spec: SweepSpec, where: str = "") -> None:
     """Check every cell once (a layout or engine problem surfaces before anything compiles)."""
     seen = set()
-    for cell in spec.cells():
-        key = (cell.given, tuple(sorted((k, repr(v)) for k, v in cell.settings.items())))
-        if key not in seen:
-            seen.add(key)
-            check_cell(cell.settings, cell.given, where)
+    for i, case in enumerate(spec.cases):  # a refusal names the case it comes from
+        w = f"{where}[[cases]] #{i + 1}: " if spec.cases != ({},) else where
+        for cell in dataclasses.replace(spec, cases=(case,)).cells():
+            key = (cell.given, tuple(sorted((k, repr(v)) for k, v in cell.settings.items())))
+            if key not in seen:
+                seen.add(key)
+                check_cell(cell.settings, cell.given, w)
 
 
 def parse_set(items: Iterable[str]) -> dict[str, Any]:
@@ -405,10 +412,12 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError as e:
             if text and text[0] in "[{":  # meant as a list or a range: say what does not parse
+                words = [w.strip().strip("'\"") for w in text.strip("[]{} ").split(",")]
+                fix = (f"'{key}=[" + ", ".join(f'"{w}"' for w in words if w) + "]' (words in "
+                       "quotes)" if all_settings()[key].type is str else
+                       f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'")
                 raise ConfigError(f"--set {key}: {text!r} is not a valid TOML list or range "
-                                  f"({str(e).split(' (at')[0]}); fix: e.g. --set "
-                                  f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'"
-                                  ) from None
+                                  f"({str(e).split(' (at')[0]}); fix: e.g. --set {fix}") from None
             value = text  # a bare word such as --set model=prompt_attention
         if key in out and out[key] != value:  # which one was meant is not ours to guess
             raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value!r}); fix: "

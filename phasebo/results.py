@@ -420,7 +420,7 @@ def check_current(out_dir: Path, df: pd.DataFrame) -> None:
     raise ConfigError(f"{out_dir}: results.parquet holds {len(df)} runs, not the {want} of its "
                       f"sweep ({len(lacking)} finished runs are not in it): the command that "
                       f"changed it{cmd} {how}; fix: run that command again to write the tables, "
-                      "or load(..., partial=True) for every finished run")
+                      "or (in Python) pb.load(DIR, partial=True) for every finished run")
 
 
 def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
@@ -436,8 +436,8 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
         if (path / "parts").is_dir():
             if not partial:
                 raise ConfigError(f"{path} holds an unfinished sweep (no results.parquet); fix: "
-                                  "rerun the sweep to finish it, or load(..., partial=True) to "
-                                  "read its finished parts")
+                                  "rerun the sweep to finish it, or (in Python) pb.load(DIR, "
+                                  "partial=True) to read its finished parts")
             df = read_parts(path / "parts", "results")
             if df is None:
                 raise ConfigError(f"{path} has no finished runs yet")
@@ -460,7 +460,13 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
     if not path.exists():
         raise ConfigError(f"{path} does not exist; fix: give a sweep directory or a "
                           "results.parquet file")
-    df = read_table(path)
+    import pyarrow as pa
+
+    try:
+        df = read_table(path)
+    except (pa.ArrowInvalid, OSError):  # a file, but not a Parquet table pyarrow can read
+        raise ConfigError(f"{path} is not a Parquet table that can be read; fix: give a sweep "
+                          "directory or its results.parquet") from None
     if path.name == "results.parquet":  # a sweep directory's table, named by its file
         check_current(path.parent, df)
     return df

@@ -129,6 +129,9 @@ def test_load_several_sweeps_dynamics_join_and_export(tmp_path):
         pb.export(agg, tmp_path / "cells.xlsx")
     with pytest.raises(pb.ConfigError, match="does not exist"):
         pb.load(tmp_path / "nope")
+    (tmp_path / "notes.md").write_text("not a table")  # a file pyarrow cannot read: one line
+    with pytest.raises(pb.ConfigError, match="notes.md is not a Parquet table .*; fix: give a "):
+        pb.load(tmp_path / "notes.md")
 
 
 def test_loading_the_same_runs_twice_keeps_them_once(tmp_path):
