@@ -34,7 +34,7 @@ HISTORY_KEYS = ("invocation", "subset", "started", "finished", "interrupted", "c
 # manifest keys that describe the directory, not an invocation's provenance (an interruption is
 # one invocation's: its history entry says it)
 NOT_PROVENANCE = ("name", "n_runs", "spec", "history", "subset", "tables_spec", "tables_n_runs",
-                  "interrupted")
+                  "interrupted", "figures")
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -248,9 +248,32 @@ def write_manifest(out_dir: Path, spec: SweepSpec, provenance: dict, history=Non
         body.update(name=prev.get("name", spec.name), n_runs=prev.get("n_runs"),
                     spec=prev["spec"], tables_spec=spec.to_dict(), tables_n_runs=spec.n_runs)
     body.update(**top, history=history)
-    tmp = manifest.with_name(f".manifest.json.tmp-{os.getpid()}")
+    if prev.get("figures") is not None:
+        body["figures"] = prev["figures"]
+    _write_json(manifest, body)
+
+
+def _write_json(path: Path, body: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(body, indent=1, default=repr))
-    os.replace(tmp, manifest)
+    os.replace(tmp, path)
+
+
+def record_figures(out_dir: Path, paths) -> list[str]:
+    """Record the figures a sweep drew (``paths``) in its manifest, and remove those its previous
+    drawing made that this one did not: a grown sweep can name its figures differently (another
+    axis, another facet), and the old files would read as current. Returns the names removed."""
+    out_dir = Path(out_dir)
+    m = read_manifest(out_dir)
+    if not m:
+        return []
+    names = sorted({Path(p).resolve().relative_to(out_dir.resolve()).as_posix() for p in paths})
+    stale = [n for n in m.get("figures", []) if n not in names]
+    for n in stale:
+        (out_dir / n).unlink(missing_ok=True)
+    m["figures"] = names
+    _write_json(out_dir / "manifest.json", m)
+    return stale
 
 
 def command_line(argv=None) -> str:

@@ -40,7 +40,14 @@ from .notes import baseline_notes, label_noise_notes, record_notes
 from .plan import check_disk, plan
 from .registry import ENGINES
 from .settings import ConfigError
-from .store import check_out_dir, prepare_out_dir, provenance, wait_for_runs, write_manifest
+from .store import (
+    check_out_dir,
+    prepare_out_dir,
+    provenance,
+    record_figures,
+    wait_for_runs,
+    write_manifest,
+)
 
 
 def precision_notes(spec: SweepSpec) -> list[str]:
@@ -134,7 +141,12 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         if plots:
             from .report import sweep_figures
 
-            sweep_figures(df, spec, out_dir, formats=formats, dpi=dpi)
+            stale = record_figures(out_dir, sweep_figures(df, spec, out_dir, formats=formats,
+                                                          dpi=dpi))
+            if stale and not quiet:
+                print(f"{spec.name}: removed {len(stale)} figure(s) of the previous drawing that "
+                      f"this one does not draw ({', '.join(stale[:3])}"
+                      f"{', ...' if len(stale) > 3 else ''})", file=sys.stderr)
     except KeyboardInterrupt:
         _stopped(out_dir, spec, prov, t_start, stats)
         print(f"interrupted while writing the tables and figures: every run is saved under "

@@ -197,7 +197,7 @@ def test_boundaries_command_writes_the_fit_verdict(tmp_path, capsys):
     runs.to_parquet(tmp_path / "results.parquet")
     assert boundaries_main([str(tmp_path / "results.parquet"), "--out", str(tmp_path),
                             "--boot", "50"]) == 0
-    fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_fit.csv")
+    fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_along_signal_norm_per_d_fit.csv")
     assert fit["status"].tolist() == ["too_few_slices"] and np.isnan(fit["exponent"][0])
     assert "no power-law fit" in capsys.readouterr().out
     assert boundaries_main([str(tmp_path / "results.parquet"), "--between", "benign,harmfull",
@@ -266,7 +266,8 @@ def test_the_fit_verdict_at_one_recorded_step(three_axes, tmp_path):
     assert boundaries_main([str(three_axes), "--x", "signal_norm", "--y", "noise_ratio",
                             "--by", "lr", "--step", "last", "--boot", "20", "--no-plots",
                             "--out", str(tmp_path)]) == 0
-    fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_steps_last_fit.csv")
+    fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_along_signal_norm_per_noise_ratio_by_lr"
+                                  "_steps_last_fit.csv")
     assert sorted(fit["lr"]) == [0.05, 0.1]  # one verdict per --by group
     assert set(fit["status"]) <= {"ok", "scattered", "too_few_slices"}
 

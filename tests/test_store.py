@@ -218,3 +218,23 @@ def test_a_subset_with_other_labelling_or_records_is_refused(tmp_path, setting, 
                                           r".*; fix: .*--overwrite"):
         run_sweep(s, out, quiet=True, plots=False)
     assert len(run_sweep(tiny(seeds=1), out, quiet=True, plots=False)) == 2
+
+
+def test_a_grown_sweep_removes_the_figures_it_no_longer_draws(tmp_path, capsys):
+    """One d: line plots against signal_norm; grown to two d: maps. The old lines would read as
+    current; they are removed (and said), a file of the user's own is kept, and the manifest
+    lists the figures now there."""
+    base = dict(engine="reduced", steps=4, n_test=20)
+    out = tmp_path / "o"
+    run_sweep(spec_from_dict(base, {"signal_norm": [3.0, 30.0], "d": [40]}, name="g"), out,
+              quiet=True)
+    lines = sorted(p.name for p in out.glob("line_*.png"))
+    assert lines and read_manifest(out)["figures"] == sorted(p.name for p in out.glob("*.png"))
+    (out / "mine.png").write_bytes(b"the user's own figure")
+    capsys.readouterr()
+    run_sweep(spec_from_dict(base, {"signal_norm": [3.0, 30.0], "d": [40, 60]}, name="g"), out)
+    assert not list(out.glob("line_*.png")) and (out / "mine.png").exists()
+    assert f"removed {len(lines)} figure(s) of the previous drawing" in capsys.readouterr().err
+    drawn = read_manifest(out)["figures"]
+    assert drawn and all(n.startswith("heatmap_") for n in drawn)
+    assert sorted(p.name for p in out.glob("heatmap_*.png")) == drawn
