@@ -184,6 +184,22 @@ def _round_spec(spec: C.SweepSpec, r: Refinement, cases: list[dict], rnd: int) -
     return new
 
 
+def _combine(tables: list, r: Refinement, log: list, out_dir: Path):
+    """Every round's runs as one table with the final boundaries, written beside the rounds."""
+    runs = pd.concat(tables, ignore_index=True)
+    runs["round"] = runs["round"].astype("int64")
+    b = boundaries(runs, r.x, r.y, r.between)
+    from .results import write_csv_atomic, write_table_atomic
+
+    write_table_atomic(runs, out_dir / "results.parquet")
+    write_csv_atomic(runs, out_dir / "results.csv")
+    write_table_atomic(b, out_dir / "boundaries.parquet")
+    write_csv_atomic(b, out_dir / "boundaries.csv")
+    (out_dir / "refine.json").write_text(json.dumps(
+        {"refinement": dataclasses.asdict(r), "rounds": log}, indent=1))
+    return runs, b
+
+
 def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = None, *,
                  run_sweep, quiet: bool = False, plots: bool = True, formats=("png",),
                  dpi: int = 150, **run_kw) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -219,17 +235,12 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
         if not cases or rnd == r.rounds:
             break
         cur = _round_spec(spec, r, cases, rnd + 1)
-    runs = pd.concat(tables, ignore_index=True)
-    runs["round"] = runs["round"].astype("int64")
-    b = boundaries(runs, r.x, r.y, r.between)
-    from .results import write_csv_atomic, write_table_atomic
-
-    write_table_atomic(runs, out_dir / "results.parquet")
-    write_csv_atomic(runs, out_dir / "results.csv")
-    write_table_atomic(b, out_dir / "boundaries.parquet")
-    write_csv_atomic(b, out_dir / "boundaries.csv")
-    (out_dir / "refine.json").write_text(json.dumps(
-        {"refinement": dataclasses.asdict(r), "rounds": log}, indent=1))
+    try:
+        runs, b = _combine(tables, r, log, out_dir)
+    except KeyboardInterrupt:
+        print(f"interrupted while combining the rounds: every round is saved under "
+              f"{out_dir}/round-*; run the same command again to combine them", file=sys.stderr)
+        raise
     if not quiet:
         print(summary(b, r.x, r.y), file=sys.stderr)
     if plots:

@@ -406,6 +406,11 @@ def check_current(out_dir: Path, df: pd.DataFrame) -> None:
     except (OSError, json.JSONDecodeError):
         return
     want = m.get("tables_n_runs", m.get("n_runs"))
+    if "tables_n_runs" in m and len(df) == want and m.get("n_runs") not in (None, want):
+        # current, but of a subset: the last command selected some of the directory's runs
+        print(f"phasebo: {out_dir}: its tables hold {want} of its {m['n_runs']} runs (the last "
+              "command selected a subset of them); the command that made them all assembles "
+              "every run again", file=sys.stderr)
     if want is None or len(df) == want or (out_dir / "refine.json").exists() \
             or "run_id" not in df.columns:
         return

@@ -133,7 +133,7 @@ def test_the_manifest_is_json_with_the_spec(tmp_path):
         assert isinstance(m["git_dirty"], bool)
 
 
-def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path):
+def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path, capsys):
     """The README's command on a directory grown beyond it (more seeds, more values): nothing
     runs, nothing is deleted, the tables hold the smaller sweep's runs (the same numbers), and the
     bigger sweep's command assembles every run again."""
@@ -147,6 +147,11 @@ def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path):
     assert (same == small["test_loss"].to_numpy()).all()
     m = read_manifest(out)
     assert m["n_runs"] == 9 and m["tables_n_runs"] == 4 and m["history"][-1]["subset"] is True
+    import phasebo as pb
+
+    capsys.readouterr()
+    assert len(pb.load(out)) == 4  # loading it says the table is a subset of the directory
+    assert "its tables hold 4 of its 9 runs" in capsys.readouterr().err
     assert m["spec"]["seeds"] == 3  # the directory's runs, for the next sweep's check
     again = run_sweep(tiny(seeds=3, mus=(3.0, 10.0, 30.0)), out, quiet=True, plots=False)
     assert len(again) == 9 and "tables_spec" not in read_manifest(out)
