@@ -88,7 +88,7 @@ def _table_path(path: Path, table: str) -> Path:
 
 
 def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partial: bool = False,
-         duplicates: str = "drop") -> pd.DataFrame:
+         duplicates: str = "drop", notes: bool = True) -> pd.DataFrame:
     """Load one or several sweeps' ``table`` (``results``, ``dynamics`` or ``samples``).
 
     ``paths``: a sweep directory, a ``results.parquet`` file, or a list of them. A ``source``
@@ -96,6 +96,7 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
     setting and the seed, and the same ``engine``) loaded twice is kept once, with a warning
     (``duplicates="drop"``), or is an error (``"error"``). ``partial``: read the finished parts of
     an interrupted sweep. ``dynamics`` and ``samples`` rows get their run's settings joined.
+    ``notes``: say on stderr when a directory's tables hold a subset of its runs.
     """
     if table not in ("results", "dynamics", "samples"):
         raise ValueError(f"table = {table!r}: expected 'results', 'dynamics' or 'samples'")
@@ -106,7 +107,7 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
         if not p.exists():
             raise ConfigError(f"{p} does not exist; fix: give a sweep directory or a "
                               "results.parquet file")
-        res = load_results(p, partial=partial)
+        res = load_results(p, partial=partial, notes=notes)
         if "source" not in res.columns:  # a saved table of loaded sweeps keeps its own
             res.insert(0, "source", str(p if p.is_dir() else p.parent))
         res_frames.append(res)

@@ -364,7 +364,8 @@ def check_plot_where(spec: SweepSpec, plot: Mapping, where: str = "") -> None:
     """Each ``where`` of a ``[plot]`` entry names a setting and a value the sweep file has (its
     model's default when the file leaves the setting alone): a misspelt value would select no
     run, and its figure could only be skipped after every run had finished."""
-    models = spec.values("model") or [all_settings()["model"].default]
+    settings = all_settings()
+    cells = None
     for kind in ("heatmaps", "lines"):
         entries = plot.get(kind, [])
         for i, h in enumerate(entries if isinstance(entries, list) else []):
@@ -376,9 +377,13 @@ def check_plot_where(spec: SweepSpec, plot: Mapping, where: str = "") -> None:
                 raise ConfigError(f"{w}= {sel!r} must be a table; fix: e.g. where = "
                                   "{ noise_ratio = 0.2 }")
             for k, v in sel.items():
-                _setting(k, w)
-                have = spec.values(k) or [get_model(m).settings[k].default for m in models
-                                          if k in get_model(m).settings]
+                if k not in settings:  # seed or a derived column (snr, ...): the table's
+                    continue
+                if cells is None:  # every cell as resolved: its own value or its default
+                    cells = list(spec.cells())
+                have = list(spec.axes[k]) if k in spec.axes else \
+                    list({repr(c.settings[k]): c.settings[k] for c in cells
+                          if k in c.settings}.values())
                 for one in (v if isinstance(v, list) else [v]):
                     if not any(_same(one, x) for x in have):
                         raise ConfigError(
@@ -414,7 +419,7 @@ def parse_set(items: Iterable[str]) -> dict[str, Any]:
             if text and text[0] in "[{":  # meant as a list or a range: say what does not parse
                 words = [w.strip().strip("'\"") for w in text.strip("[]{} ").split(",")]
                 fix = (f"'{key}=[" + ", ".join(f'"{w}"' for w in words if w) + "]' (words in "
-                       "quotes)" if all_settings()[key].type is str else
+                       "quotes)" if all_settings()[key].type in (str, tuple) else
                        f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'")
                 raise ConfigError(f"--set {key}: {text!r} is not a valid TOML list or range "
                                   f"({str(e).split(' (at')[0]}); fix: e.g. --set {fix}") from None

@@ -214,10 +214,11 @@ def _manifest(results_dir: Path) -> dict:
     return {**base, "name": results_dir.name, "refine": json.loads(refine.read_text())}
 
 
-def report_data(results_dir) -> dict:
-    """Everything the page shows, as JSON-ready data (see the module docstring)."""
+def report_data(results_dir, notes: bool = True) -> dict:
+    """Everything the page shows, as JSON-ready data (see the module docstring); ``notes``: as
+    :func:`phasebo.analysis.load`'s."""
     results_dir = Path(results_dir)
-    runs = A.load(results_dir)
+    runs = A.load(results_dir, notes=notes)
     manifest = _manifest(results_dir)
     axes = _axes(runs)
     if len(axes) >= 2:
@@ -243,7 +244,7 @@ def report_data(results_dir) -> dict:
     coords = [{k: _key(r[k]) for k in keys} for _, r in cells.iterrows()]
     frames = []
     dyn_path = results_dir / "dynamics.parquet"
-    dyn = A.load(results_dir, "dynamics") if dyn_path.exists() else None
+    dyn = A.load(results_dir, "dynamics", notes=notes) if dyn_path.exists() else None
     horizon = int(runs["steps"].max()) if "steps" in runs.columns and \
         runs["steps"].nunique() == 1 else None
     # a regime at each recorded step only when the dynamics file has one (loading joins the
@@ -287,15 +288,17 @@ def report_data(results_dir) -> dict:
     }
 
 
-def write_report(results_dir, out: str | Path | None = None) -> tuple[Path, float]:
+def write_report(results_dir, out: str | Path | None = None, notes: bool = True
+                 ) -> tuple[Path, float]:
     """Write ``report.html`` (default ``RESULTS_DIR/report.html``); returns its path and the
-    seconds it took."""
+    seconds it took. ``notes``: as :func:`phasebo.analysis.load`'s (a sweep writing its own
+    report has said them)."""
     from plotly.offline import get_plotlyjs
 
     t = time.perf_counter()
     results_dir = Path(results_dir)
     out = Path(out) if out is not None else results_dir / "report.html"
-    data = report_data(results_dir)
+    data = report_data(results_dir, notes=notes)
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     page = (_TEMPLATE.replace("%TITLE%", html.escape(f"phasebo report: {data['name']}"))
             .replace("%PLOTLY%", get_plotlyjs()).replace("%DATA%", payload)

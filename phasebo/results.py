@@ -393,7 +393,7 @@ def assemble(out_dir: Path, expected: np.ndarray, models=None, engines=None,
     return df
 
 
-def check_current(out_dir: Path, df: pd.DataFrame) -> None:
+def check_current(out_dir: Path, df: pd.DataFrame, notes: bool = True) -> None:
     """Refuse a ``results.parquet`` older than the runs of its directory: the manifest names the
     runs the tables hold (``tables_n_runs`` after a subset's command, else ``n_runs``), and when
     the table's count differs while the parts hold finished runs the table lacks, a command that
@@ -406,7 +406,7 @@ def check_current(out_dir: Path, df: pd.DataFrame) -> None:
     except (OSError, json.JSONDecodeError):
         return
     want = m.get("tables_n_runs", m.get("n_runs"))
-    if "tables_n_runs" in m and len(df) == want and m.get("n_runs") not in (None, want):
+    if notes and "tables_n_runs" in m and len(df) == want and m.get("n_runs") not in (None, want):
         # current, but of a subset: the last command selected some of the directory's runs
         print(f"phasebo: {out_dir}: its tables hold {want} of its {m['n_runs']} runs (the last "
               "command selected a subset of them); the command that made them all assembles "
@@ -428,7 +428,7 @@ def check_current(out_dir: Path, df: pd.DataFrame) -> None:
                       "or (in Python) pb.load(DIR, partial=True) for every finished run")
 
 
-def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
+def load_results(path: str | Path, partial: bool = False, notes: bool = True) -> pd.DataFrame:
     """Read a sweep's results: a results directory or a ``results.parquet`` file. ``partial``:
     read the finished parts of an interrupted sweep (no ``results.parquet`` yet)."""
     path = Path(path)
@@ -436,7 +436,7 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
         f = path / "results.parquet"
         if f.exists() and not partial:
             df = read_table(f)
-            check_current(path, df)
+            check_current(path, df, notes)
             return df
         if (path / "parts").is_dir():
             if not partial:
@@ -473,5 +473,5 @@ def load_results(path: str | Path, partial: bool = False) -> pd.DataFrame:
         raise ConfigError(f"{path} is not a Parquet table that can be read; fix: give a sweep "
                           "directory or its results.parquet") from None
     if path.name == "results.parquet":  # a sweep directory's table, named by its file
-        check_current(path.parent, df)
+        check_current(path.parent, df, notes)
     return df

@@ -66,12 +66,18 @@ def _lost_values(old_spec: SweepSpec, new: SweepSpec) -> tuple[str, str, str] | 
     defaults = C.all_settings()
 
     def vals(spec, k):
-        v = spec.values(k)
-        if len(v) < len(spec.cases) or not v:  # left at the default of the sweep's model(s)
-            models = spec.values("model") or [defaults["model"].default]
+        if k in spec.axes:
+            return {json.dumps(x, default=list) for x in spec.axes[k]}
+        v = []
+        for case in spec.cases:  # a case's own value, the fixed one, or its model's default
+            if k in case or k in spec.fixed:
+                v.append(case.get(k, spec.fixed.get(k)))
+                continue
+            models = [case["model"]] if "model" in case else spec.values("model") or \
+                [defaults["model"].default]
             own = [C.get_model(m).settings[k].default for m in models
                    if k in C.get_model(m).settings]
-            v = [*v, *(own or [defaults[k].default])]
+            v += own or [defaults[k].default]
         return {json.dumps(x, default=list) for x in v}
 
     for k in sorted(names):
@@ -89,18 +95,23 @@ def _lost_cell(old_spec: SweepSpec, new: SweepSpec) -> str | None:
     setting remains (``[[cases]]`` that pair the values differently), as a reason."""
     import numpy as np
 
-    from .grid import cell_run_ids, spec_run_ids
+    from .grid import cell_run_ids, cell_runs, spec_run_ids
 
     new_ids = spec_run_ids(new)
     if np.isin(spec_run_ids(old_spec), new_ids).all():
         return None
-    paired = sorted({k for c in old_spec.cases for k in c})
+    named = sorted({k for c in old_spec.cases for k in c} | set(old_spec.axes))
     R = old_spec.runs_per_cell()
     for cell in old_spec.cells():
-        if not np.isin(cell_run_ids(old_spec, cell, np.arange(R)), new_ids).all():
-            where = ", ".join(f"{k} = {cell.settings[k]!r}" for k in paired if k in cell.settings)
-            return (f"its runs at ({where}) are not runs of this sweep, whose [[cases]] pair "
-                    "the values differently")
+        missing = ~np.isin(cell_run_ids(old_spec, cell, np.arange(R)), new_ids)
+        if missing.any():  # name its first such run by the values that place it
+            run = {k: v[0] for k, v in cell_runs(old_spec, cell, np.flatnonzero(missing)[:1])
+                   .items()}
+            where = ", ".join(f"{k} = {run.get(k, cell.settings.get(k))!r}" for k in named)
+            how = ", whose [[cases]] pair the values differently" if len(new.cases) > 1 or \
+                len(old_spec.cases) > 1 else ""
+            return (f"its run at ({where}{', ' if where else ''}seed {int(run['seed'])}) is not "
+                    f"a run of this sweep{how}")
     return "some of its runs are not runs of this sweep"
 
 
@@ -170,7 +181,8 @@ def is_subset(out_dir: Path, spec: SweepSpec, old: dict) -> bool:
         extra = added(old["spec"], spec)
         if extra and holds_runs(out_dir):  # the runs are there, made with other settings
             raise ConfigError(f"{out_dir} holds these runs made with other settings: {extra}; "
-                              "fix: choose another --out, or pass --overwrite to run them again")
+                              "fix: give this sweep another --out (the directory's runs stay "
+                              "as they are)")
         return True
     if holds_runs(out_dir):
         raise ConfigError(f"{out_dir} holds runs of another sweep: {why}; fix: choose another "
@@ -267,11 +279,13 @@ def record_figures(out_dir: Path, paths) -> list[str]:
     m = read_manifest(out_dir)
     if not m:
         return []
-    names = sorted({Path(p).resolve().relative_to(out_dir.resolve()).as_posix() for p in paths})
-    stale = [n for n in m.get("figures", []) if n not in names]
+    names = {Path(p).resolve().relative_to(out_dir.resolve()).as_posix() for p in paths}
+    drawn = {n.rsplit(".", 1)[0] for n in names}  # a figure in another format is still current
+    old = m.get("figures", [])
+    stale = [n for n in old if n.rsplit(".", 1)[0] not in drawn]
     for n in stale:
         (out_dir / n).unlink(missing_ok=True)
-    m["figures"] = names
+    m["figures"] = sorted(names | {n for n in old if n not in stale and (out_dir / n).exists()})
     _write_json(out_dir / "manifest.json", m)
     return stale
 

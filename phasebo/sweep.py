@@ -164,7 +164,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         from .report_html import write_report
 
         try:  # the runs and tables are saved: a report that fails must not lose them
-            path, t_report = write_report(out_dir)
+            path, t_report = write_report(out_dir, notes=False)
             report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
                           f"{path.name})")
         except KeyboardInterrupt:

@@ -289,6 +289,14 @@ def final_finite(final: dict) -> jax.Array:
         else jnp.asarray(True)
 
 
+def last_step(static, sw: dict):
+    """The step of a run's final metrics: ``steps`` for GD, ``round(flow_time / lr)`` (its
+    GD-equivalent steps, as its ``steps`` column) for a flow."""
+    if is_flow(static):
+        return jnp.round(static.flow_time / sw["lr"]).astype(jnp.int32)
+    return getattr(static, "steps", 0)
+
+
 def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None,
            last_step: int | None = None) -> dict:
     """Add the step-wise bookkeeping to the final metrics (``flowed``: a flow's solver steps,
@@ -315,7 +323,7 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
             final[f"cumS_{g}"] = jnp.sum(jnp.where(mask, ls.cumS, 0.0))
     finite = final_finite(final)
     diverge = ls.diverge if last_step is None else \
-        jnp.where((ls.diverge < 0) & ~finite, jnp.int32(last_step), ls.diverge)
+        jnp.where((ls.diverge < 0) & ~finite, jnp.asarray(last_step, jnp.int32), ls.diverge)
     final["diverge_step"] = diverge
     # the smallest margin at step steps // 2: with the final one, the trend that tells a run still
     # fitting its labels from a settled one (phasebo.regimes)
@@ -465,7 +473,7 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
                                     mid_margin=None if seen is None else
                                     (lambda p_: margin_fn(forward(p_)[1][0], batch.y)))
     final_metrics = finish(metrics(p, f, s, a), ls, batch, roles, dtype, flowed,
-                           None if flowed else steps)
+                           last_step(static, sw) if model.trains else 0)
     if seen is not None and roles is not None:
         for g in GROUPS:  # not accumulated in minibatch training (above): not a measured zero
             final_metrics[f"cumS_{g}"] = jnp.asarray(jnp.nan, dtype)

@@ -256,14 +256,40 @@ def test_sigterm_stops_as_ctrl_c_does(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
     code, took, text, counted = sigint_when_counted(
-        [sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out), "--no-plots"], env,
-        1000, sig=signal.SIGTERM)
+        [sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out), "--no-plots",
+         "--chunk-size", "50"], env, 1000, sig=signal.SIGTERM)  # chunks left to stop
     assert code == 130 and took <= 5.0, (code, took, text)
     assert "terminated (SIGTERM)" in text and "Traceback" not in text
     done = done_run_ids(out / "parts")
     assert counted <= len(done) < 1000
     entry = json.loads((out / "manifest.json").read_text())["history"][-1]
     assert entry["interrupted"] is True and entry["new_runs"] == len(done), entry
+
+
+def test_sigterm_stays_ours_after_joining_a_cluster(tmp_path):
+    """jax.distributed.initialize installs JAX's preemption notifier on SIGTERM; the sweep takes
+    it back, so a time limit on a multi-host job stops it as Ctrl-C does (a cluster of one
+    process on this host)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import argparse, os, signal, time\n"
+        "from phasebo.cli.sweep import sigterm_as_sigint, start_jax\n"
+        "signal.signal(signal.SIGTERM, sigterm_as_sigint)\n"
+        "start_jax(argparse.Namespace(cpu_devices=1, distributed=True, dry_run=False,\n"
+        f"    coordinator='localhost:{port}', num_processes=1, process_id=0))\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped as by Ctrl-C')\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=tmp_path)
+    assert p.returncode == 0 and "stopped as by Ctrl-C" in p.stdout, p.stderr[-2000:]
+    assert "terminated (SIGTERM)" in p.stderr
 
 
 def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):

@@ -2,6 +2,7 @@
 the dry run's account of what is done, and a quoted command line."""
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -101,6 +102,10 @@ def test_the_dry_run_says_what_is_done_and_refuses_what_the_run_would(tmp_path, 
     # fewer seeds: a subset of the runs there, nothing to run
     assert main([str(f), "--out", str(out), "--dry-run", "--no-plots", "--seeds", "1"]) == 0
     assert "all 2 runs done: a subset of the 4 runs there" in capsys.readouterr().out
+    # --overwrite: what the run would refuse it discards, and the dry run says so
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots", "--set", "lr=0.1",
+                 "--overwrite"]) == 0
+    assert "--overwrite: the 4 runs there are discarded; 4 runs to run" in capsys.readouterr().out
 
 
 def test_coinciding_cases_are_refused_before_anything_runs(tmp_path, capsys):
@@ -140,7 +145,7 @@ def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path, capsys):
     out = tmp_path / "o"
     big = run_sweep(tiny(seeds=3, mus=(3.0, 10.0, 30.0)), out, quiet=True, plots=False)
     parts = sorted(p.name for p in (out / "parts").iterdir())
-    small = run_sweep(tiny(seeds=2, mus=(3.0, 30.0)), out, quiet=True, plots=False)
+    small = run_sweep(tiny(seeds=2, mus=(3.0, 30.0)), out, quiet=True)  # figures, report
     assert sorted(p.name for p in (out / "parts").iterdir()) == parts  # nothing ran or went
     assert len(small) == 4 and set(small["signal_norm"]) == {3.0, 30.0}
     same = big.set_index("run_id").loc[small["run_id"], "test_loss"].to_numpy()
@@ -149,7 +154,7 @@ def test_a_subset_of_the_directorys_runs_is_analysed_from_it(tmp_path, capsys):
     assert m["n_runs"] == 9 and m["tables_n_runs"] == 4 and m["history"][-1]["subset"] is True
     import phasebo as pb
 
-    capsys.readouterr()
+    assert "its tables hold" not in capsys.readouterr().err  # the sweep's own report: not said
     assert len(pb.load(out)) == 4  # loading it says the table is a subset of the directory
     assert "its tables hold 4 of its 9 runs" in capsys.readouterr().err
     assert m["spec"]["seeds"] == 3  # the directory's runs, for the next sweep's check
@@ -201,12 +206,31 @@ def test_cases_paired_differently_are_refused_not_silently_dropped(tmp_path, cap
     out = tmp_path / "o"
     run_sweep(cases_spec([(40, 3.0), (60, 30.0)]), out, quiet=True, plots=False)
     swapped = cases_spec([(40, 30.0), (60, 3.0)])
-    with pytest.raises(ConfigError, match=r"its runs at \(d = 40, signal_norm = 3.0\) are not "
-                                          r"runs of this sweep.*fix: choose another --out"):
+    why = (r"its run at \(d = 40, signal_norm = 3.0, seed 0\) is not a run of this sweep, "
+           r"whose \[\[cases\]\] pair the values differently; fix: choose another --out")
+    with pytest.raises(ConfigError, match=why):
         run_sweep(swapped, out, quiet=True, plots=False)
+    f = tmp_path / "c.toml"
+    f.write_text('name = "c"\n[settings]\nengine = "reduced"\nsteps = 4\nn_test = 20\n'
+                 '[[cases]]\nd = 40\nsignal_norm = 30.0\n[[cases]]\nd = 60\nsignal_norm = 3.0\n')
+    assert main([str(f), "--out", str(out), "--dry-run", "--no-plots"]) == 2
+    assert re.search(why, capsys.readouterr().err)
     grown = run_sweep(cases_spec([(40, 3.0), (60, 30.0), (60, 3.0)], seeds=2), out, quiet=True,
                       plots=False)
     assert len(grown) == 6
+
+
+def test_cases_picked_from_a_grid_are_a_subset_of_it(tmp_path):
+    """Cells of a finished grid named as [[cases]] (a setting fixed in the grid left to the
+    cases' shared [settings]): every run is there, made with the same settings, so it is a subset,
+    not a refusal; the grid's command assembles the grid again."""
+    out = tmp_path / "o"
+    grid = spec_from_dict(TINY, {"signal_norm": [3.0, 30.0], "lr": [0.1, 0.2]}, name="g")
+    run_sweep(grid, out, quiet=True, plots=False)
+    picked = spec_from_dict(TINY, name="g", cases=[{"signal_norm": 3.0, "lr": 0.1},
+                                                    {"signal_norm": 30.0, "lr": 0.2}])
+    assert len(run_sweep(picked, out, quiet=True, plots=False)) == 2
+    assert len(run_sweep(grid, out, quiet=True, plots=False)) == 4
 
 
 @pytest.mark.parametrize("setting,value", [("test_eps", 0.1), ("record_every", 2)])
@@ -220,7 +244,7 @@ def test_a_subset_with_other_labelling_or_records_is_refused(tmp_path, setting, 
                        name="tiny")
     with pytest.raises(ConfigError, match=rf"holds these runs made with other settings: this "
                                           rf"sweep has {setting} = {value}, they were made with "
-                                          r".*; fix: .*--overwrite"):
+                                          r".*; fix: give this sweep another --out"):
         run_sweep(s, out, quiet=True, plots=False)
     assert len(run_sweep(tiny(seeds=1), out, quiet=True, plots=False)) == 2
 
@@ -243,3 +267,9 @@ def test_a_grown_sweep_removes_the_figures_it_no_longer_draws(tmp_path, capsys):
     drawn = read_manifest(out)["figures"]
     assert drawn and all(n.startswith("heatmap_") for n in drawn)
     assert sorted(p.name for p in out.glob("heatmap_*.png")) == drawn
+    # drawn again in another format: the PNGs show the same runs and stay
+    run_sweep(spec_from_dict(base, {"signal_norm": [3.0, 30.0], "d": [40, 60]}, name="g"), out,
+              quiet=True, formats=("svg",))
+    assert sorted(p.name for p in out.glob("heatmap_*.png")) == drawn
+    assert set(read_manifest(out)["figures"]) == set(drawn) | {
+        n.replace(".png", ".svg") for n in drawn}

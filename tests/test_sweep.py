@@ -171,6 +171,19 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, text, args, ne
     assert not (out / "results.csv").exists() and not list(out.glob("parts/results-*"))
 
 
+def test_plot_where_takes_a_cases_default_seed_and_derived_columns():
+    """where names a value of some cell (a case left at its model's default included), the seed,
+    or a derived column: accepted; only a setting value no cell has is refused."""
+    from phasebo.config import build_spec
+
+    raw = {"settings": {"steps": 10}, "axes": {"d": [64, 96]},
+           "cases": [{"noise_ratio": 0.3}, {}]}
+    for sel in ({"noise_ratio": 0.2}, {"noise_ratio": [0.2, 0.3]}, {"seed": 0}, {"snr": 0.1}):
+        build_spec({**raw, "plot": {"lines": [{"x": "d", "where": sel}]}}, "w")
+    with pytest.raises(ConfigError, match="where noise_ratio = 0.25 is not a value"):
+        build_spec({**raw, "plot": {"lines": [{"x": "d", "where": {"noise_ratio": 0.25}}]}}, "w")
+
+
 def test_out_pointing_at_a_file_is_one_line(tmp_path, capsys):
     f = tmp_path / "s.toml"
     f.write_text(GOOD)

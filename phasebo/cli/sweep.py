@@ -155,6 +155,10 @@ def start_jax(args) -> None:
                 jax.distributed.initialize(coordinator_address=args.coordinator,
                                            num_processes=args.num_processes,
                                            process_id=args.process_id)
+                if threading.current_thread() is threading.main_thread():
+                    import signal  # JAX's preemption notifier took SIGTERM: a time limit must
+                    # stop the sweep as Ctrl-C does (the blocks in flight saved), so take it back
+                    signal.signal(signal.SIGTERM, sigterm_as_sigint)
             except (RuntimeError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ConfigError(f"--distributed: JAX could not join the processes ({first}); "
@@ -195,13 +199,19 @@ def enable_compilation_cache(jax) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def dry_run(spec: SweepSpec, pl: Plan, out: Path) -> None:
+def dry_run(spec: SweepSpec, pl: Plan, out: Path, overwrite: bool = False) -> None:
     """Print the plan (:func:`phasebo.plan.describe`) and what the directory already holds: the
     runs done and to run, or why the real run would refuse it."""
     print(describe(pl, out))
     old = read_manifest(out)
     if not (out / "parts").is_dir():
         print(f"  {spec.n_runs} runs to run ({out} holds none)")
+        return
+    if overwrite:
+        from ..results import done_run_ids
+
+        print(f"  --overwrite: the {len(done_run_ids(out / 'parts'))} runs there are discarded; "
+              f"{spec.n_runs} runs to run")
         return
     if is_subset(out, spec, old):
         print(f"  all {spec.n_runs} runs done: a subset of the {old.get('n_runs')} runs there "
@@ -294,7 +304,7 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                     from ..report import check_plot_spec
 
                     check_plot_spec(spec, columns=traced_columns(pl))
-                dry_run(spec, pl, out)
+                dry_run(spec, pl, out, overwrite=args.overwrite)
                 continue
             if block:
                 refine_sweep(spec, r, out, run_sweep=run_sweep, chunk_size=args.chunk_size,

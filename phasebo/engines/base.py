@@ -34,6 +34,7 @@ from ..train import (
     finish,
     finish_limit,
     flow_loop,
+    last_step,
     recorder_fn,
     run_loop,
 )
@@ -174,7 +175,7 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
             margin_fn=margin_fn, batch=batch, relevant=relevant, dtype=dtype, view=view,
             unroll=UNROLL, trip=trip)
     final_metrics = finish(metrics(now, f, s, a), ls, batch, roles, dtype, flowed,
-                           None if flowed else static.steps)
+                           last_step(static, sw))
     samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw, ls.first_fit)
     return RunOutput(final_metrics, ls.buf, samples)
 
