@@ -272,6 +272,8 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
             raise ConfigError("--out names one directory but several sweep files were given; fix: "
                               "one file per command with --out, or no --out (each goes to "
                               "results/<its name>/)")
+        if args.distributed:
+            check_distributed(args)  # before JAX or XLA's flags are touched
         start_jax(args)
         specs = [(f, C.load_sweep(f, C.parse_set(args.set), args.seeds)) for f in args.files]
         if any("float64" in spec.values("dtype") for _, spec in specs):
