@@ -48,6 +48,8 @@ from .settings import ConfigError, suggest
 
 REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
                "max_points": int, "seeds": int}
+
+
 def _number(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 

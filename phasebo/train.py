@@ -298,10 +298,11 @@ def last_step(static, sw: dict):
 
 
 def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict | None = None,
-           last_step: int | None = None) -> dict:
+           final_step: int | None = None) -> dict:
     """Add the step-wise bookkeeping to the final metrics (``flowed``: a flow's solver steps,
     convergence and whether it was solved, :func:`flow_loop`). A run whose final metrics are not
-    finite (:func:`final_finite`) is diverged, at ``last_step`` if nothing diverged before."""
+    finite (:func:`final_finite`) is diverged, at ``final_step`` (:func:`last_step`) if nothing
+    diverged before."""
     noisy = batch.flipped
     first_fit = ls.first_fit
     n_noisy = jnp.sum(noisy)
@@ -322,8 +323,8 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
         for g, mask in zip(GROUPS, masks):
             final[f"cumS_{g}"] = jnp.sum(jnp.where(mask, ls.cumS, 0.0))
     finite = final_finite(final)
-    diverge = ls.diverge if last_step is None else \
-        jnp.where((ls.diverge < 0) & ~finite, jnp.asarray(last_step, jnp.int32), ls.diverge)
+    diverge = ls.diverge if final_step is None else \
+        jnp.where((ls.diverge < 0) & ~finite, jnp.asarray(final_step, jnp.int32), ls.diverge)
     final["diverge_step"] = diverge
     # the smallest margin at step steps // 2: with the final one, the trend that tells a run still
     # fitting its labels from a settled one (phasebo.regimes)

@@ -136,6 +136,8 @@ def start_jax(args) -> None:
     floats, the on-disk compilation cache."""
     from .xla import tune_xla_cpu
 
+    if getattr(args, "distributed", False):
+        check_distributed(args)  # before JAX or XLA's flags are touched
     tune_xla_cpu()
     import jax
 
@@ -146,7 +148,6 @@ def start_jax(args) -> None:
         except RuntimeError:  # JAX already started (main() called in-process): keep it
             pass
     if getattr(args, "distributed", False):
-        check_distributed(args)
         if getattr(args, "dry_run", False):  # a dry run computes nothing: it joins no cluster
             print("phasebo: the dry run does not join the other processes: its plan is this "
                   "process's devices alone", file=sys.stderr)
@@ -272,8 +273,6 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
             raise ConfigError("--out names one directory but several sweep files were given; fix: "
                               "one file per command with --out, or no --out (each goes to "
                               "results/<its name>/)")
-        if args.distributed:
-            check_distributed(args)  # before JAX or XLA's flags are touched
         start_jax(args)
         specs = [(f, C.load_sweep(f, C.parse_set(args.set), args.seeds)) for f in args.files]
         if any("float64" in spec.values("dtype") for _, spec in specs):
