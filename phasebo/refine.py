@@ -198,7 +198,7 @@ def _combine(tables: list, r: Refinement, log: list, out_dir: Path):
     write_table_atomic(b, out_dir / "boundaries.parquet")
     write_csv_atomic(b, out_dir / "boundaries.csv")
     (out_dir / "refine.json").write_text(json.dumps(
-        {"refinement": dataclasses.asdict(r), "rounds": log}, indent=1))
+        {"refinement": dataclasses.asdict(r), "rounds": log}, indent=1, allow_nan=False))
     return runs, b
 
 
@@ -226,7 +226,8 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
         widths = widths[np.isfinite(widths)]
         log.append({"round": rnd, "runs": len(df), "total_runs": len(runs),
                     "slices_open": int(len({c[r.y] for c in cases})),
-                    "median_rel_width": float(np.median(widths)) if len(widths) else float("nan"),
+                    # None (JSON null) when no slice has a bounded interval yet
+                    "median_rel_width": float(np.median(widths)) if len(widths) else None,
                     "boundaries": int(len(widths))})
         if not quiet:
             width = (f"median boundary CI width {log[-1]['median_rel_width']:.3f} of the "

@@ -211,7 +211,9 @@ def _manifest(results_dir: Path) -> dict:
     if not refine.exists():
         return {}
     base = json.loads(first.read_text()) if first.exists() else {}
-    return {**base, "name": results_dir.name, "refine": json.loads(refine.read_text())}
+    # a refine.json of an earlier version may hold NaN, which the page's strict JSON cannot
+    log = json.loads(refine.read_text(), parse_constant=lambda _: None)
+    return {**base, "name": results_dir.name, "refine": log}
 
 
 def report_data(results_dir, notes: bool = True) -> dict:

@@ -307,7 +307,7 @@ def test_sweep_command_runs_the_grid_then_the_refinement(refined):
     assert pd.read_csv(out / "boundaries.csv")["d"].tolist() == [250, 4000]
 
 
-def test_a_refined_directory_reports_its_sweep_and_rounds(refined):
+def test_a_refined_directory_reports_its_sweep_and_rounds(refined, tmp_path):
     """A refined directory has no manifest of its own: its report shows round 0's sweep (the
     file as run), with the refinement and its rounds' log as provenance, not ``null``."""
     from phasebo.report_html import report_data
@@ -319,6 +319,19 @@ def test_a_refined_directory_reports_its_sweep_and_rounds(refined):
     assert data["spec"] == first["spec"] and data["name"] == "refined"
     assert data["provenance"]["refine"] == json.loads((out / "refine.json").read_text())
     assert data["n_runs"] == 15
+    # a round whose slices had no bounded interval yet logs null (strict JSON), and a log of an
+    # earlier version with NaN there still makes a page
+    import shutil
+
+    from phasebo.report_html import write_report
+
+    log = json.loads((out / "refine.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    copy = tmp_path / "refined"
+    shutil.copytree(out, copy)
+    log["rounds"][0]["median_rel_width"] = float("nan")
+    (copy / "refine.json").write_text(json.dumps(log))
+    page, _ = write_report(copy)
+    assert page.stat().st_size > 1e5
 
 
 def test_memory_budget_sets_the_block(refined, flags):
