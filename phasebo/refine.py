@@ -45,6 +45,7 @@ from . import config as C
 from .boundaries import boundaries, summary
 from .regimes import REGIME_ORDER
 from .settings import ConfigError, suggest
+from .store import hold_dir
 
 REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
                "max_points": int, "seeds": int}
@@ -210,45 +211,51 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
     other way round); returns the runs of every round (with a ``round`` column) and the final
     boundaries. ``phasebo.refine_sweep`` passes it for you."""
     out_dir = Path(out_dir) if out_dir is not None else Path("results") / spec.name
-    integer_x = all(isinstance(v, int) for v in spec.axes[r.x])
-    root = int(spec.fixed.get("root_seed", 0))
-    tables, log = [], []
-    cur = spec
-    for rnd in range(r.rounds + 1):
-        df = run_sweep(cur, out_dir / f"round-{rnd}", quiet=quiet, plots=False, **run_kw)
-        if df is None:  # another process's share, or stopped early
-            return None, None
-        tables.append(df.assign(round=rnd))
-        runs = pd.concat(tables, ignore_index=True)
-        cases, b = plan_round(runs, r, root + 1000, rnd + 1, integer_x,
-                              int(r.seeds or spec.seeds))
-        widths = ((b["hi"] - b["lo"]) / b["boundary"]).to_numpy(float) if len(b) else np.array([])
-        widths = widths[np.isfinite(widths)]
-        log.append({"round": rnd, "runs": len(df), "total_runs": len(runs),
-                    "slices_open": int(len({c[r.y] for c in cases})),
-                    # None (JSON null) when no slice has a bounded interval yet
-                    "median_rel_width": float(np.median(widths)) if len(widths) else None,
-                    "boundaries": int(len(widths))})
-        if not quiet:
-            width = (f"median boundary CI width {log[-1]['median_rel_width']:.3f} of the "
-                     f"boundary over {len(widths)} slices" if len(widths) else
-                     f"no slice has a {r.between[0]}-{r.between[1]} boundary with an interval yet")
-            print(f"refine round {rnd}: {len(df)} runs ({len(runs)} in all); {width}; "
-                  f"{log[-1]['slices_open']} slices above the target {r.target}", file=sys.stderr)
-        if not cases or rnd == r.rounds:
-            break
-        cur = _round_spec(spec, r, cases, rnd + 1)
-    try:
-        runs, b = _combine(tables, r, log, out_dir)
-    except KeyboardInterrupt:
-        print(f"interrupted while combining the rounds: every round is saved under "
-              f"{out_dir}/round-*; run the same command again to combine them", file=sys.stderr)
-        raise
-    if not quiet:
-        print(summary(b, r.x, r.y), file=sys.stderr)
-    if plots:
-        from .plot import boundary_figure, save
+    pi = run_kw.get("process_index")
+    if pi is None:
+        import jax
 
-        fig = boundary_figure(runs, b, r.x, r.y)
-        save(fig, out_dir / f"boundary_{r.between[0]}_{r.between[1]}", formats, dpi)
-    return runs, b
+        pi = jax.process_index()
+    with hold_dir(out_dir, pi, "refinement"):  # a second refinement into it is refused
+        integer_x = all(isinstance(v, int) for v in spec.axes[r.x])
+        root = int(spec.fixed.get("root_seed", 0))
+        tables, log = [], []
+        cur = spec
+        for rnd in range(r.rounds + 1):
+            df = run_sweep(cur, out_dir / f"round-{rnd}", quiet=quiet, plots=False, **run_kw)
+            if df is None:  # another process's share, or stopped early
+                return None, None
+            tables.append(df.assign(round=rnd))
+            runs = pd.concat(tables, ignore_index=True)
+            cases, b = plan_round(runs, r, root + 1000, rnd + 1, integer_x,
+                                  int(r.seeds or spec.seeds))
+            widths = ((b["hi"] - b["lo"]) / b["boundary"]).to_numpy(float) if len(b) else np.array([])
+            widths = widths[np.isfinite(widths)]
+            log.append({"round": rnd, "runs": len(df), "total_runs": len(runs),
+                        "slices_open": int(len({c[r.y] for c in cases})),
+                        # None (JSON null) when no slice has a bounded interval yet
+                        "median_rel_width": float(np.median(widths)) if len(widths) else None,
+                        "boundaries": int(len(widths))})
+            if not quiet:
+                width = (f"median boundary CI width {log[-1]['median_rel_width']:.3f} of the "
+                         f"boundary over {len(widths)} slices" if len(widths) else
+                         f"no slice has a {r.between[0]}-{r.between[1]} boundary with an interval yet")
+                print(f"refine round {rnd}: {len(df)} runs ({len(runs)} in all); {width}; "
+                      f"{log[-1]['slices_open']} slices above the target {r.target}", file=sys.stderr)
+            if not cases or rnd == r.rounds:
+                break
+            cur = _round_spec(spec, r, cases, rnd + 1)
+        try:
+            runs, b = _combine(tables, r, log, out_dir)
+        except KeyboardInterrupt:
+            print(f"interrupted while combining the rounds: every round is saved under "
+                  f"{out_dir}/round-*; run the same command again to combine them", file=sys.stderr)
+            raise
+        if not quiet:
+            print(summary(b, r.x, r.y), file=sys.stderr)
+        if plots:
+            from .plot import boundary_figure, save
+
+            fig = boundary_figure(runs, b, r.x, r.y)
+            save(fig, out_dir / f"boundary_{r.between[0]}_{r.between[1]}", formats, dpi)
+        return runs, b

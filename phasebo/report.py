@@ -1,11 +1,9 @@
-"""Which figures a sweep gets: the ``[plot]`` table, checked before anything runs, the default
-figures of a sweep and of a results directory, and their file names.
+"""Which figures a sweep gets: its ``[plot]`` table (checked before anything runs by
+:mod:`phasebo.plot_spec`) or the default figures of a sweep and of a results directory, and their
+file names.
 
 The drawing itself is :mod:`phasebo.plot`'s; this module imports it (and matplotlib) only when it
 draws, so that validating a sweep file loads no plotting.
-
-``[plot]`` keys: ``heatmaps`` (a list of ``{x, y, value, where, cmap, vmin, vmax, stat}``),
-``lines`` (a list of ``{x, value, hue, where}``), ``formats`` and ``dpi``.
 """
 
 from __future__ import annotations
@@ -18,19 +16,14 @@ import numpy as np
 import pandas as pd
 
 from . import analysis as A
+from .plot_spec import hue_of
 from .regimes import REGIMES
-from .settings import ConfigError
 
 
 def _plot():
     from . import plot
 
     return plot
-
-
-HEATMAP_KEYS = ("x", "y", "value", "where", "cmap", "vmin", "vmax", "stat")
-LINE_KEYS = ("x", "value", "hue", "where")
-PLOT_KEYS = ("heatmaps", "lines", "formats", "dpi")
 
 
 def map_axes(axes) -> tuple[str, str]:
@@ -83,73 +76,6 @@ def wanted_figures(spec) -> tuple[list[dict], list[dict]]:
         if x is not None:
             return [], [{"x": x, "value": v} for v in ("test_acc", "train_acc")]
     return [], []
-
-
-def check_plot_spec(spec, columns: set[str] | None = None) -> None:
-    """Refuse a ``[plot]`` entry that names an unknown key or column before anything runs.
-
-    ``columns``: the columns the sweep's tables will have (the planner passes the traced metric
-    names of its first group); without it only the axes are checked."""
-    plot = spec.plot
-    for k in plot:
-        if k not in PLOT_KEYS:
-            raise ConfigError(f"[plot] unknown key {k!r}; allowed: {', '.join(PLOT_KEYS)}")
-    from .registry import all_settings
-
-    settings = set(all_settings()) | set(A.DERIVED) | {"seed"}
-    for kind, keys, need in (("heatmaps", HEATMAP_KEYS, ("x", "y")), ("lines", LINE_KEYS, ("x",))):
-        entries = plot.get(kind, [])
-        if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
-            raise ConfigError(f"[plot] {kind} must be a list of tables, e.g. {kind} = "
-                              "[{ x = \"signal_norm\", y = \"d\", value = \"regime\" }]")
-        for i, h in enumerate(entries):
-            w = f"[plot] {kind} #{i + 1}: "
-            for k in h:
-                if k not in keys:
-                    raise ConfigError(f"{w}unknown key {k!r}; allowed: {', '.join(keys)}")
-            for k in need:
-                if k not in h:
-                    raise ConfigError(f"{w}missing {k!r}")
-                if h[k] not in settings:
-                    raise ConfigError(f"{w}{k} = {h[k]!r} is not a setting or derived column; fix: "
-                                      "an axis of the sweep such as " +
-                                      ", ".join(repr(a) for a in spec.axes) if spec.axes else
-                                      f"{w}{k} = {h[k]!r} is not a setting")
-            _check_colours(h, w)
-            value = h.get("value", "regime" if kind == "heatmaps" else "test_acc")
-            if columns is not None and value != "regime" and value not in columns:
-                from .settings import suggest
-
-                raise ConfigError(f"{w}value = {value!r} is not a column of this sweep's results"
-                                  f"{suggest(value, columns)}; fix: one of regime, "
-                                  + ", ".join(sorted(c for c in columns if not c.startswith("_"))
-                                              [:12]) + ", ...")
-
-
-STATS = ("mean", "se", "min", "max")  # the seed statistics a map can draw (analysis.aggregate)
-
-
-def _check_colours(h: Mapping, w: str) -> None:
-    """A heatmap entry's ``stat``, ``vmin`` / ``vmax`` and ``cmap``, before anything runs."""
-    if "stat" in h and h["stat"] not in STATS:
-        raise ConfigError(f"{w}stat = {h['stat']!r} is not a seed statistic; fix: one of "
-                          + ", ".join(STATS))
-    for k in ("vmin", "vmax"):
-        if k in h and (isinstance(h[k], bool) or not isinstance(h[k], int | float)
-                       or not np.isfinite(h[k])):
-            raise ConfigError(f"{w}{k} = {h[k]!r} is not a finite number; fix: e.g. {k} = 0.5")
-    if "vmin" in h and "vmax" in h and not h["vmin"] < h["vmax"]:
-        raise ConfigError(f"{w}vmin = {h['vmin']!r} is not below vmax = {h['vmax']!r}; fix: "
-                          "swap them")
-    if "cmap" in h:
-        from matplotlib import colormaps
-
-        if not isinstance(h["cmap"], str) or h["cmap"] not in colormaps:
-            from .settings import suggest
-
-            raise ConfigError(f"{w}cmap = {h['cmap']!r} is not a matplotlib colormap"
-                              f"{suggest(str(h['cmap']), list(colormaps))}; fix: e.g. cmap = "
-                              "\"viridis\" (matplotlib's list: matplotlib.colormaps)")
 
 
 def default_theory(df: pd.DataFrame, x: str, y: str) -> dict | None:
@@ -245,7 +171,7 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
         x, y = map_axes(axes)
         new = {**h, "x": x, "y": y}
     elif axes:  # the value against the longest axis left; the regime shares need it alone
-        shares = value == "regime" and len(axes) == 1 and not h.get("hue")
+        shares = value == "regime" and len(axes) == 1 and not hue_of(h)
         new, kind = {"x": (still or axes)[0],
                      "value": value if value != "regime" or shares else "test_acc",
                      "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, "line"
@@ -319,7 +245,7 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
             if kind == "heatmap":
                 figs = map_figures(df, h, stem, cache)
             else:
-                figs = [(P.line_plot(df, h["x"], value, hue=h.get("hue"),
+                figs = [(P.line_plot(df, h["x"], value, hue=hue_of(h) or None,
                                      where=h.get("where"))[0], stem)]
         except ValueError as e:
             print(f"phasebo.plot: skipped {kind} {value}: {e}", file=sys.stderr)

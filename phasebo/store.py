@@ -11,6 +11,7 @@ the new sweep only grows it (:func:`compatible`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform as _platform
@@ -25,6 +26,11 @@ from pathlib import Path
 from . import config as C
 from .config import SweepSpec
 from .settings import ConfigError
+
+try:  # advisory locks: POSIX only; elsewhere a directory is not held (two commands both run)
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 TABLES = ("results.parquet", "results.csv", "dynamics.parquet", "samples.parquet")
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".html")  # what a sweep draws into its directory
@@ -50,6 +56,73 @@ def check_out_dir(out_dir: Path) -> None:
     if not os.access(probe, os.W_OK):
         raise ConfigError(f"--out {out_dir}: {probe} is not writable; fix: choose another "
                           "directory")
+
+
+LOCK = ".phasebo-lock"  # held (flock) by the invocation writing the directory; says who
+
+
+@contextlib.contextmanager
+def hold_dir(out_dir: Path, process_index: int = 0, what: str = "sweep"):
+    """Hold ``out_dir`` while this invocation writes runs into it: a second command into the same
+    directory (the same process index of a cluster) is refused in one line naming the holder,
+    instead of computing every run a second time. The lock is the kernel's (``flock``), so a
+    killed holder releases it; the file stays, with the last holder's pid, host and command. A
+    directory this call created and left holding nothing but the lock is removed again (a
+    refused sweep leaves no trace)."""
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / (LOCK if process_index == 0 else f"{LOCK}-{process_index}")
+    f = open(path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                raise ConfigError(f"{out_dir} is being written by another phasebo {what} "
+                                  f"({_who(f.read())}); "
+                                  "fix: wait for it to finish (then this command adds only what "
+                                  "it lacks), or give this one another --out") from None
+            except OSError:  # a file system without locks: the directory is not held
+                pass
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"pid": os.getpid(), "host": _platform.node(),
+                            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                            "command": command_line()}) + "\n")
+        f.flush()
+        yield out_dir
+    finally:
+        f.close()
+        if created and {q.name for q in out_dir.iterdir()} <= {path.name}:
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+
+
+def _who(text: str) -> str:
+    """A lock file's holder in words."""
+    try:
+        w = json.loads(text)
+        return f"pid {w['pid']} on {w['host']}, started {w['started']}: {w['command']}"
+    except (ValueError, KeyError, TypeError):
+        return text.strip() or "holder unknown"
+
+
+def holder(out_dir: Path) -> str | None:
+    """Who holds ``out_dir`` now (:func:`hold_dir`), or ``None`` when nobody does."""
+    path = Path(out_dir) / LOCK
+    if fcntl is None or not path.is_file():
+        return None
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _who(f.read())
+        except OSError:
+            return None
+    return None
 
 
 def spec_of(d: dict) -> SweepSpec:

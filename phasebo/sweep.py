@@ -42,6 +42,7 @@ from .registry import ENGINES
 from .settings import ConfigError
 from .store import (
     check_out_dir,
+    hold_dir,
     prepare_out_dir,
     provenance,
     record_figures,
@@ -99,7 +100,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             print(f"{spec.name}: {note}", file=sys.stderr)
     check = None
     if plots:
-        from .report import check_plot_spec
+        from .plot_spec import check_plot_spec
 
         check_plot_spec(spec)  # keys and axes now; the values once the programs are traced
 
@@ -107,92 +108,93 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             check_plot_spec(spec, columns=columns)
     prov = provenance()
     prov["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start))
-    out_dir = prepare_out_dir(out_dir, spec, overwrite, pi, provenance=prov)
-    executor = executor or Executor()
-    try:
-        stats = executor.execute(pl, out_dir, quiet=quiet, max_chunks=max_chunks, share=(pi, pc),
-                                 check_columns=check)
-    except KeyboardInterrupt as e:
-        if pi == 0:  # the history says this invocation stopped, and when
-            _stopped(out_dir, spec, prov, t_start, getattr(e, "stats", None))
-        lost = "" if not isinstance(e, Abandoned) else " (the compile in progress was given up)" \
-            if isinstance(e, AbandonedCompile) else " (the blocks in flight were given up)"
-        print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{lost}; run the "
-              "same command again to resume", file=sys.stderr)
-        raise
-    if stats.stopped:
-        return None
-    if prov.get("subset") and not quiet:
-        print(f"{spec.name}: every run of this sweep is already in {out_dir} (a subset of its "
-              "runs): its tables and figures are of this sweep's runs; the directory's own "
-              "command assembles all of them again", file=sys.stderr)
-    if pc > 1:
-        if pi != 0:
-            if not quiet:
-                print(f"process {pi}/{pc}: share done; process 0 assembles the results",
-                      file=sys.stderr)
+    with hold_dir(out_dir, pi):  # a second command into it is refused, not run twice
+        out_dir = prepare_out_dir(out_dir, spec, overwrite, pi, provenance=prov)
+        executor = executor or Executor()
+        try:
+            stats = executor.execute(pl, out_dir, quiet=quiet, max_chunks=max_chunks, share=(pi, pc),
+                                     check_columns=check)
+        except KeyboardInterrupt as e:
+            if pi == 0:  # the history says this invocation stopped, and when
+                _stopped(out_dir, spec, prov, t_start, getattr(e, "stats", None))
+            lost = "" if not isinstance(e, Abandoned) else " (the compile in progress was given up)" \
+                if isinstance(e, AbandonedCompile) else " (the blocks in flight were given up)"
+            print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{lost}; run the "
+                  "same command again to resume", file=sys.stderr)
+            raise
+        if stats.stopped:
             return None
-        wait_for_runs(out_dir / "parts", spec.n_runs, wait_timeout, quiet)
-    from .results import assemble
+        if prov.get("subset") and not quiet:
+            print(f"{spec.name}: every run of this sweep is already in {out_dir} (a subset of its "
+                  "runs): its tables and figures are of this sweep's runs; the directory's own "
+                  "command assembles all of them again", file=sys.stderr)
+        if pc > 1:
+            if pi != 0:
+                if not quiet:
+                    print(f"process {pi}/{pc}: share done; process 0 assembles the results",
+                          file=sys.stderr)
+                return None
+            wait_for_runs(out_dir / "parts", spec.n_runs, wait_timeout, quiet)
+        from .results import assemble
 
-    t = time.perf_counter()
-    try:
-        df = assemble(out_dir, spec_run_ids(spec), engines=sorted(ENGINES))
-        if plots:
-            from .report import sweep_figures
+        t = time.perf_counter()
+        try:
+            df = assemble(out_dir, spec_run_ids(spec), engines=sorted(ENGINES))
+            if plots:
+                from .report import sweep_figures
 
-            stale = record_figures(out_dir, sweep_figures(df, spec, out_dir, formats=formats,
-                                                          dpi=dpi))
-            if stale and not quiet:
-                print(f"{spec.name}: removed {len(stale)} figure(s) of the previous drawing that "
-                      f"this one does not draw ({', '.join(stale[:3])}"
-                      f"{', ...' if len(stale) > 3 else ''})", file=sys.stderr)
-    except KeyboardInterrupt:
-        _stopped(out_dir, spec, prov, t_start, stats)
-        print(f"interrupted while writing the tables and figures: every run is saved under "
-              f"{out_dir / 'parts'}; run the same command again to write them", file=sys.stderr)
-        raise
-    t_write = time.perf_counter() - t
-    wall = time.time() - t_start
-    prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=round(wall, 3),
-                compile_s=round(stats.compile_s, 3),
-                compile_beside_s=round(stats.compile_beside_s, 3), run_s=round(stats.run_s, 3),
-                tables_figures_s=round(t_write, 3), new_runs=stats.n_new)
-    write_manifest(out_dir, spec, prov)
-    report_txt = ""
-    if plots:  # last: the report shows the manifest's provenance and timings
-        from .report_html import write_report
-
-        try:  # the runs and tables are saved: a report that fails must not lose them
-            path, t_report = write_report(out_dir, notes=False)
-            report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
-                          f"{path.name})")
+                stale = record_figures(out_dir, sweep_figures(df, spec, out_dir, formats=formats,
+                                                              dpi=dpi))
+                if stale and not quiet:
+                    print(f"{spec.name}: removed {len(stale)} figure(s) of the previous drawing that "
+                          f"this one does not draw ({', '.join(stale[:3])}"
+                          f"{', ...' if len(stale) > 3 else ''})", file=sys.stderr)
         except KeyboardInterrupt:
             _stopped(out_dir, spec, prov, t_start, stats)
-            print(f"interrupted while writing report.html: the runs, tables and figures are "
-                  f"saved; fix: phasebo report {out_dir}", file=sys.stderr)
+            print(f"interrupted while writing the tables and figures: every run is saved under "
+                  f"{out_dir / 'parts'}; run the same command again to write them", file=sys.stderr)
             raise
-        except Exception as e:  # noqa: BLE001 (said, never silent)
-            print(f"{spec.name}: report.html not written ({type(e).__name__}: {e}); the "
-                  f"results are saved; fix: phasebo report {out_dir}", file=sys.stderr)
+        t_write = time.perf_counter() - t
         wall = time.time() - t_start
-    if not quiet:
-        n_div = int((df["status"] == "diverged").sum())
-        counts = df["regime"].value_counts()
-        regimes = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
-        rate = stats.n_new / stats.run_s if stats.run_s > 0 else 0.0
-        rate_txt = (f"{rate:.0f} runs/s" if rate >= 10 else f"{rate:.2g} runs/s") if rate else "-"
-        beside = (f" (and {stats.compile_beside_s:.1f} s beside the runs)"
-                  if stats.compile_beside_s >= 0.05 else "")
-        print(f"{spec.name}: {stats.n_new} new runs ({len(df)} in the table); compile "
-              f"{stats.compile_s:.1f} s{beside}, run {stats.run_s:.1f} s ({rate_txt}), tables and "
-              f"figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "
-              f"device(s); regimes: {regimes}"
-              + (" (fitting: still fitting its flipped labels at the horizon)"
-                 if counts.get("fitting", 0) else "")
-              + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
-                 if n_div else "") + f"; results in {out_dir}", file=sys.stderr)
-    return df
+        prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=round(wall, 3),
+                    compile_s=round(stats.compile_s, 3),
+                    compile_beside_s=round(stats.compile_beside_s, 3), run_s=round(stats.run_s, 3),
+                    tables_figures_s=round(t_write, 3), new_runs=stats.n_new)
+        write_manifest(out_dir, spec, prov)
+        report_txt = ""
+        if plots:  # last: the report shows the manifest's provenance and timings
+            from .report_html import write_report
+
+            try:  # the runs and tables are saved: a report that fails must not lose them
+                path, t_report = write_report(out_dir, notes=False)
+                report_txt = (f", report {t_report:.1f} s ({path.stat().st_size / 2**20:.1f} MiB, "
+                              f"{path.name})")
+            except KeyboardInterrupt:
+                _stopped(out_dir, spec, prov, t_start, stats)
+                print(f"interrupted while writing report.html: the runs, tables and figures are "
+                      f"saved; fix: phasebo report {out_dir}", file=sys.stderr)
+                raise
+            except Exception as e:  # noqa: BLE001 (said, never silent)
+                print(f"{spec.name}: report.html not written ({type(e).__name__}: {e}); the "
+                      f"results are saved; fix: phasebo report {out_dir}", file=sys.stderr)
+            wall = time.time() - t_start
+        if not quiet:
+            n_div = int((df["status"] == "diverged").sum())
+            counts = df["regime"].value_counts()
+            regimes = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+            rate = stats.n_new / stats.run_s if stats.run_s > 0 else 0.0
+            rate_txt = (f"{rate:.0f} runs/s" if rate >= 10 else f"{rate:.2g} runs/s") if rate else "-"
+            beside = (f" (and {stats.compile_beside_s:.1f} s beside the runs)"
+                      if stats.compile_beside_s >= 0.05 else "")
+            print(f"{spec.name}: {stats.n_new} new runs ({len(df)} in the table); compile "
+                  f"{stats.compile_s:.1f} s{beside}, run {stats.run_s:.1f} s ({rate_txt}), tables and "
+                  f"figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "
+                  f"device(s); regimes: {regimes}"
+                  + (" (fitting: still fitting its flipped labels at the horizon)"
+                     if counts.get("fitting", 0) else "")
+                  + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
+                     if n_div else "") + f"; results in {out_dir}", file=sys.stderr)
+        return df
 
 
 def _stopped(out_dir: Path, spec, prov: dict, t_start: float, done) -> None:

@@ -248,8 +248,9 @@ def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path, 
 
 
 def test_sigterm_stops_as_ctrl_c_does(tmp_path):
-    """SIGTERM, a scheduler's time limit: the sweep stops as for Ctrl-C (exit 130, the computed
-    blocks saved, the invocation marked interrupted), not silently with 143 and its blocks lost."""
+    """SIGTERM, a scheduler's time limit: the sweep stops as for Ctrl-C (the computed blocks
+    saved, the invocation marked interrupted, no traceback), not killed with its blocks lost; it
+    exits 143, as a terminated process does (a Ctrl-C exits 130)."""
     f = tmp_path / "t.toml"
     f.write_text('name = "t"\nseeds = 250\n[settings]\nmodel = "prompt_attention"\n'
                  'steps = 200\nn_test = 100\n[axes]\nd = [250, 4000]\nsignal_norm = [5, 40]\n')
@@ -258,7 +259,7 @@ def test_sigterm_stops_as_ctrl_c_does(tmp_path):
     code, took, text, counted = sigint_when_counted(
         [sys.executable, "-m", "phasebo", "sweep", str(f), "--out", str(out), "--no-plots",
          "--chunk-size", "50"], env, 1000, sig=signal.SIGTERM)  # chunks left to stop
-    assert code == 130 and took <= 5.0, (code, took, text)
+    assert code == 143 and took <= 5.0, (code, took, text)
     assert "terminated (SIGTERM)" in text and "Traceback" not in text
     done = done_run_ids(out / "parts")
     assert counted <= len(done) < 1000
@@ -277,18 +278,18 @@ def test_sigterm_stays_ours_after_joining_a_cluster(tmp_path):
         port = s.getsockname()[1]
     code = (
         "import argparse, os, signal, time\n"
-        "from phasebo.cli.sweep import sigterm_as_sigint, start_jax\n"
-        "signal.signal(signal.SIGTERM, sigterm_as_sigint)\n"
+        "from phasebo.cli.sweep import SigtermAsSigint, interrupted_code, start_jax\n"
+        "signal.signal(signal.SIGTERM, SigtermAsSigint())\n"
         "start_jax(argparse.Namespace(cpu_devices=1, distributed=True, dry_run=False,\n"
         f"    coordinator='localhost:{port}', num_processes=1, process_id=0))\n"
         "try:\n"
         "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
         "except KeyboardInterrupt:\n"
-        "    print('stopped as by Ctrl-C')\n")
+        "    print('stopped as by Ctrl-C', interrupted_code())\n")
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=120, cwd=tmp_path)
-    assert p.returncode == 0 and "stopped as by Ctrl-C" in p.stdout, p.stderr[-2000:]
+    assert p.returncode == 0 and "stopped as by Ctrl-C 143" in p.stdout, p.stderr[-2000:]
     assert "terminated (SIGTERM)" in p.stderr
 
 

@@ -70,7 +70,7 @@ def test_the_checker_finds_a_module_level_cache():
 
 
 NO_PLOTTING = ("phasebo.sweep", "phasebo.plan", "phasebo.execute", "phasebo.refine",
-               "phasebo.grid", "phasebo.store", "phasebo.report")
+               "phasebo.grid", "phasebo.store", "phasebo.report", "phasebo.plot_spec")
 
 
 def test_the_pipeline_imports_no_plotting():

@@ -193,6 +193,10 @@ def test_command_line_standard_figures(sweep, tmp_path, capsys):
     assert {n[len("attention_"):-4] for n in names if n.startswith("attention_")} == regimes
     pdf = tmp_path / "accuracy_dynamics.pdf"
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 5000
+    assert "replaced" not in capsys.readouterr().err  # a new directory: nothing replaced
+    assert plot_main([str(sweep), "--out", str(tmp_path), "--format", "png"]) == 0
+    err = capsys.readouterr().err  # the same figures again: said, not silent
+    assert f"replaced {len(names)} figure(s) already in {tmp_path}" in err
     assert plot_main([str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

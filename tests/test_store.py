@@ -273,3 +273,48 @@ def test_a_grown_sweep_removes_the_figures_it_no_longer_draws(tmp_path, capsys):
     assert sorted(p.name for p in out.glob("heatmap_*.png")) == drawn
     assert set(read_manifest(out)["figures"]) == set(drawn) | {
         n.replace(".png", ".svg") for n in drawn}
+
+
+def test_a_second_command_into_a_directory_being_written_is_refused(tmp_path, capsys):
+    """Two commands into one --out: the second is refused in one line naming the first (its pid
+    and command), not run a second time; a killed holder frees the directory at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "o"
+    holder_code = ("import sys, time; from phasebo.store import hold_dir\n"
+                   "with hold_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)")
+    p = subprocess.Popen([sys.executable, "-c", holder_code, str(out)], stdout=subprocess.PIPE,
+                         text=True, cwd=ROOT)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        argv = ["sweeps/default.toml", "--out", str(out), "--seeds", "1", "--set", "d=[40]",
+                "--set", "signal_norm=[3.0]", "--set", "steps=4", "--no-plots"]
+        assert main(argv + ["--dry-run"]) == 0
+        assert "being written now by another phasebo command (pid" in capsys.readouterr().out
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"pid {p.pid}" in err and "another --out" in err
+        assert not (out / "parts").exists()  # nothing ran
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+    assert main(argv) == 0  # the kernel released the killed holder's lock
+    assert (out / "results.parquet").exists()
+
+
+def test_a_refused_sweep_leaves_no_directory_behind(tmp_path):
+    from phasebo.store import hold_dir
+
+    out = tmp_path / "new"
+    with pytest.raises(ConfigError), hold_dir(out):
+        raise ConfigError("refused after the directory was held")
+    assert not out.exists()
+    with hold_dir(out), pytest.raises(ConfigError, match="being written by another"), \
+            hold_dir(out):  # the same directory held twice, even in one process
+        pass
+    assert not out.exists()

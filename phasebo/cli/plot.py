@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                               "directory")
         if args.out:
             out_dir(args.out)
+        target = Path(args.out) if args.out else Path(args.results_dir) / "figures"
+        before = {q.name for q in target.iterdir()} if target.is_dir() else set()
         if args.step is not None:
             step = args.step if args.step == "last" else int(args.step) \
                 if args.step.isdigit() else None
@@ -51,4 +53,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 2
     for path in paths:
         print(path)
+    replaced = [q.name for q in paths if q.parent == target and q.name in before]
+    if replaced:  # said, never silent: a figure of another drawing is gone
+        print(f"{prog or 'phasebo.plot'}: replaced {len(replaced)} figure(s) already in {target} "
+              f"({', '.join(replaced[:3])}{', ...' if len(replaced) > 3 else ''})",
+              file=sys.stderr)
     return 0

@@ -1,8 +1,9 @@
 """``python -m phasebo.sweep`` / ``phasebo sweep``: run sweep files from the command line.
 
 Every refusal is a one-line error (exit 2) before anything runs; Ctrl-C exits 130 with the
-finished chunks saved. Process-wide JAX settings (CPU devices, 64-bit floats, the on-disk
-compilation cache) are this module's: the library never changes them.
+finished chunks saved, and SIGTERM (a scheduler's time limit) stops it the same way and exits 143.
+Process-wide JAX settings (CPU devices, 64-bit floats, the on-disk compilation cache) are this
+module's: the library never changes them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..config import SweepSpec
 from ..execute import Abandoned, SigintLatch, traced_columns
 from ..plan import Plan, describe, plan
 from ..settings import ConfigError, cache_dir
-from ..store import check_out_dir, count_done, is_subset, read_manifest
+from ..store import check_out_dir, count_done, holder, is_subset, read_manifest
 from ..sweep import run_sweep
 from .args import Parser, at_least, figure_formats
 
@@ -152,14 +153,18 @@ def start_jax(args) -> None:
             print("phasebo: the dry run does not join the other processes: its plan is this "
                   "process's devices alone", file=sys.stderr)
         else:
+            import signal
+
+            ours = signal.getsignal(signal.SIGTERM)
             try:
                 jax.distributed.initialize(coordinator_address=args.coordinator,
                                            num_processes=args.num_processes,
                                            process_id=args.process_id)
                 if threading.current_thread() is threading.main_thread():
-                    import signal  # JAX's preemption notifier took SIGTERM: a time limit must
-                    # stop the sweep as Ctrl-C does (the blocks in flight saved), so take it back
-                    signal.signal(signal.SIGTERM, sigterm_as_sigint)
+                    # JAX's preemption notifier took SIGTERM: a time limit must stop the sweep
+                    # as Ctrl-C does (the blocks in flight saved), so take it back
+                    signal.signal(signal.SIGTERM, ours if isinstance(ours, SigtermAsSigint)
+                                  else SigtermAsSigint())
             except (RuntimeError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ConfigError(f"--distributed: JAX could not join the processes ({first}); "
@@ -204,6 +209,10 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path, overwrite: bool = False) -> No
     """Print the plan (:func:`phasebo.plan.describe`) and what the directory already holds: the
     runs done and to run, or why the real run would refuse it."""
     print(describe(pl, out))
+    busy = holder(out)
+    if busy:  # the real run would be refused now
+        print(f"  {out} is being written now by another phasebo command ({busy}): running "
+              "this now would be refused until it finishes")
     old = read_manifest(out)
     if not (out / "parts").is_dir():
         print(f"  {spec.n_runs} runs to run ({out} holds none)")
@@ -231,7 +240,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     old_term = signal.getsignal(signal.SIGTERM)
     SigintLatch.install()  # a Ctrl-C while the programs are traced is never lost
     if main_thread:  # a cluster's time limit: stop as a Ctrl-C does, saving the blocks in flight
-        signal.signal(signal.SIGTERM, sigterm_as_sigint)
+        signal.signal(signal.SIGTERM, SigtermAsSigint())
     try:
         return _main(argv, prog)
     finally:
@@ -241,18 +250,34 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             signal.signal(signal.SIGTERM, old_term)
 
 
-def sigterm_as_sigint(signum, frame) -> None:
+class SigtermAsSigint:
     """SIGTERM (what SLURM and most schedulers send at a time limit, before SIGKILL) handled as
     the Ctrl-C it stands for: whatever handles SIGINT now stops the sweep, so the blocks in flight
-    are saved and the manifest's history says the invocation was interrupted."""
+    are saved and the manifest's history says the invocation was interrupted. ``hit`` remembers
+    it came, so that the command exits 143 (128 + SIGTERM), as a terminated process does, where a
+    Ctrl-C exits 130."""
+
+    def __init__(self):
+        self.hit = False
+
+    def __call__(self, signum, frame) -> None:
+        import signal
+
+        self.hit = True
+        print("\nterminated (SIGTERM): stopping as for Ctrl-C", file=sys.stderr, flush=True)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+
+def interrupted_code() -> int:
+    """The exit code of a stopped sweep: 143 when SIGTERM stopped it, 130 for Ctrl-C."""
     import signal
 
-    print("\nterminated (SIGTERM): stopping as for Ctrl-C", file=sys.stderr, flush=True)
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-    else:
-        raise KeyboardInterrupt
+    h = signal.getsignal(signal.SIGTERM)
+    return 143 if isinstance(h, SigtermAsSigint) and h.hit else 130
 
 
 def _main(argv: list[str] | None, prog: str | None) -> int:
@@ -302,7 +327,7 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                 pl = plan(spec, n_devices=args.devices, memory_budget=budget,
                           chunk_size=args.chunk_size, block_size=args.block_size)
                 if not args.no_plots:
-                    from ..report import check_plot_spec
+                    from ..plot_spec import check_plot_spec
 
                     check_plot_spec(spec, columns=traced_columns(pl))
                 dry_run(spec, pl, out, overwrite=args.overwrite)
@@ -328,14 +353,14 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
         # (every saved part is complete: parts are written whole, then renamed)
         sys.stderr.flush()
         sys.stdout.flush()
-        os._exit(130)
+        os._exit(interrupted_code())
     except KeyboardInterrupt as e:
         if getattr(e, "compile_in_flight", False):
             # the next group's program still compiling beside the stopped runs: everything is
             # saved, so leave now rather than wait for it
             sys.stderr.flush()
             sys.stdout.flush()
-            os._exit(130)
-        return 130
+            os._exit(interrupted_code())
+        return interrupted_code()
     return 0
 

@@ -1,0 +1,56 @@
+"""The [plot] table checked before anything runs (phasebo.plot_spec): what a line plot would pool,
+checked on the sweep's own cells, and what it would not."""
+
+import pytest
+
+import phasebo as pb
+from phasebo.config import build_spec
+from phasebo.plot_spec import check_plot_spec
+from phasebo.settings import ConfigError
+
+AXES = {"d": [40, 80], "signal_norm": [3.0, 30.0], "noise_ratio": [0.1, 0.2]}
+
+
+def spec(lines=(), heatmaps=()):
+    return pb.spec_from_dict({"steps": 4}, AXES, seeds=2, name="p",
+                             plot={"lines": list(lines), "heatmaps": list(heatmaps)})
+
+
+@pytest.mark.parametrize("line", [
+    {"x": "signal_norm"},  # one line per cell of the other axes
+    {"x": "signal_norm", "hue": ["d", "noise_ratio"]},
+    {"x": "signal_norm", "hue": "noise_ratio", "where": {"d": 40}},  # one column as a string
+    {"x": "signal_norm", "value": "regime", "where": {"d": 80, "noise_ratio": 0.2}},
+    {"x": "snr", "hue": ["noise_ratio"]},  # each snr is one (d, signal_norm): nothing pooled
+    {"x": "signal_norm", "hue": ["d", "noise_ratio"], "where": {"seed": 0}},
+])
+def test_lines_that_pool_nothing_pass(line):
+    check_plot_spec(spec([line]))
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"x": "signal_norm", "value": "regime"}, "d (40, 80) and noise_ratio (0.1, 0.2) also vary"),
+    ({"x": "signal_norm", "hue": ["d"]}, "noise_ratio (0.1, 0.2) also varies"),
+    ({"x": "signal_norm", "value": "regime", "hue": ["d"]}, "takes no hue"),
+    ({"x": "signal_norm", "where": {"snr": 0.5}}, "where snr = 0.5 is in no row"),
+])
+def test_lines_that_would_pool_are_refused(line, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_plot_spec(spec([line]))
+
+
+def test_a_slice_that_set_left_out_stays_a_drawing_time_skip():
+    """--set noise_ratio=0.2 on a file whose line fixes noise_ratio = 0.1: the file is valid; its
+    figure is skipped, and said, when drawn (a map of the rest still runs)."""
+    raw = {"settings": {"steps": 4}, "axes": AXES,
+           "plot": {"lines": [{"x": "signal_norm", "hue": ["d"], "where": {"noise_ratio": 0.1}}]}}
+    check_plot_spec(build_spec(raw, "p", overrides={"noise_ratio": 0.2}))
+
+
+def test_a_where_key_no_column_has_is_refused_once_the_columns_are_known():
+    s = spec(heatmaps=[{"x": "signal_norm", "y": "d", "where": {"dd": 1}}])
+    check_plot_spec(s)  # before tracing: it could be a recorded column
+    with pytest.raises(ConfigError, match="where dd is not a setting or column"):
+        check_plot_spec(s, columns={"test_acc", "train_acc"})
+    check_plot_spec(spec(heatmaps=[{"x": "signal_norm", "y": "d", "where": {"status": "ok"}}]),
+                    columns={"test_acc"})  # a label column is the tables' own
