@@ -261,8 +261,8 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     if isinstance(between, str):  # the command line's form "A,B"
         between = tuple(s.strip() for s in between.split(","))
     if len(between) != 2 or between[0] == between[1]:
-        raise ValueError(f"between = {tuple(between)!r}: give two different regime names, e.g. "
-                         "('benign', 'harmful')")
+        raise ValueError(f"between = {','.join(map(str, between))!r}: give two different regime "
+                         "names, e.g. 'benign,harmful' (in Python also ('benign', 'harmful'))")
     if is_aggregate(df):
         raise ValueError("boundaries: this is an aggregate (one row per cell), but the fit needs "
                          "one row per run, resampled by seed; fix: pass the runs table "
@@ -302,6 +302,18 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
                              "regime='regime', or relabel your own column")
         df = count_fitting(df, fitting)
     keys = [y, *by]
+    both = [c for c in over if c in (x, *keys)]
+    if both:
+        role = "x" if both[0] == x else "y" if both[0] == y else "by"
+        raise ValueError(f"over names {both[0]!r}, the boundary's {role}: it is the boundary's "
+                         f"own axis, never pooled; fix: leave it out of over (--over)")
+    if df[x].nunique(dropna=False) <= 1:
+        axes = [c for c in setting_columns(df) if df[c].nunique(dropna=False) > 1
+                and c not in ("seed", "root_seed")]
+        raise ValueError(f"x = {x!r} takes one value in these runs "
+                         f"({', '.join(map(str, pd.unique(df[x])[:1]))}): a boundary along it "
+                         "needs several; fix: x names an axis that varies"
+                         + (f" ({', '.join(axes)})" if axes else ""))
     fixed = {x, *keys, *over, "seed", "root_seed"}
     def tied_to_x(c):  # a setting that x determines one to one (d when x is the snr)
         return all(g.groupby(x)[c].nunique(dropna=False).max() == 1 and
@@ -313,8 +325,8 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
                and not tied_to_x(c)]
     if varying:
         raise ValueError(f"{', '.join(varying)} vary inside the slices of {', '.join(keys)}: a "
-                         "boundary fit would pool them; fix: add them to by=[...], select one "
-                         "value first, or name them in over=[...] to pool them")
+                         "boundary fit would pool them; fix: add them to by (--by), select "
+                         "one value first, or name them in over (--over) to pool them")
     if log is None:
         log = bool((df[x] > 0).all())
     if log and (df[x] <= 0).any():

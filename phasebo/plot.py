@@ -557,20 +557,23 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
         if np.isfinite(row["theory_exponent"]):
             th = {"exponent": row["theory_exponent"], "prefactor": row["theory_prefactor"]}
     boundary_overlay(ax, b, x, y, fit, th, band=row["status"] == "ok")
-    if ax.get_legend() is not None:  # below the map: inside it, it hid cells
-        n = len(ax.get_legend().get_texts())
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=1,
-                  frameon=False)
-        w, h = fig.get_size_inches()
-        fig.set_size_inches(w, h + 0.17 * n)
     note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (< 3)",
             "scattered": f"scattered: χ²/dof {row['chi2_dof']:.1f}, one power law does not "
                          "describe this boundary",
             "grid_limited": "grid-limited: every boundary only bracketed by the grid (a fit "
                             "through gap midpoints); refine the grid"}.get(row["status"])
-    if note:  # wrapped to the axes: a line running past them shrank the map to make room
-        ax.text(0.02, 0.02, textwrap.fill(note, 55), transform=ax.transAxes, fontsize=7,
-                va="bottom", bbox={"facecolor": "white", "alpha": 0.85, "lw": 0})
+    # wrapped: a line running past the axes shrank the map to make room
+    note = textwrap.fill(note, 70) if note else None
+    if ax.get_legend() is not None:  # below the map, the note its title: inside, they hid cells
+        n = len(ax.get_legend().get_texts()) + (note.count("\n") + 1 if note else 0)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=1,
+                  frameon=False, title=note, title_fontsize=7)
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w, h + 0.17 * n)
+    elif note:
+        ax.text(0.5, -0.1, note, transform=ax.transAxes, fontsize=7, ha="center", va="top")
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w, h + 0.17 * (note.count("\n") + 1))
     fig.boundary_fit = row  # for tests and callers
     return fig
 

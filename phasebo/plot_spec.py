@@ -20,6 +20,29 @@ from .settings import ConfigError
 HEATMAP_KEYS = ("x", "y", "value", "where", "cmap", "vmin", "vmax", "stat")
 LINE_KEYS = ("x", "value", "hue", "where")
 PLOT_KEYS = ("heatmaps", "lines", "formats", "dpi")
+FIGURE_FORMATS = ("png", "pdf", "svg")
+
+
+def plot_formats(plot: Mapping, default=("png",)) -> tuple[str, ...]:
+    """``[plot] formats`` as a tuple (a list, or one format or a comma list as a string)."""
+    f = plot.get("formats", default)
+    return tuple(x.strip().lower() for x in f.split(",") if x.strip()) if isinstance(f, str) \
+        else tuple(str(x).lower() for x in f)
+
+
+def _check_output(plot: Mapping) -> None:
+    """``[plot] formats`` and ``dpi``: checked here, not after every run has finished."""
+    if "formats" in plot:
+        f = plot["formats"]
+        if not isinstance(f, str | list) or not plot_formats(plot) or not all(
+                isinstance(x, str) and x.lower() in FIGURE_FORMATS for x in plot_formats(plot)):
+            raise ConfigError(f"[plot] formats = {f!r}: formats are {', '.join(FIGURE_FORMATS)}; "
+                              "fix: e.g. formats = [\"png\", \"pdf\"]")
+    if "dpi" in plot:
+        d = plot["dpi"]
+        if isinstance(d, bool) or not isinstance(d, int) or not 10 <= d <= 2400:
+            raise ConfigError(f"[plot] dpi = {d!r} is not a resolution in dots per inch; fix: a "
+                              "whole number from 10 to 2400, e.g. dpi = 200")
 
 
 def check_plot_spec(spec, columns: set[str] | None = None) -> None:
@@ -31,6 +54,7 @@ def check_plot_spec(spec, columns: set[str] | None = None) -> None:
     for k in plot:
         if k not in PLOT_KEYS:
             raise ConfigError(f"[plot] unknown key {k!r}; allowed: {', '.join(PLOT_KEYS)}")
+    _check_output(plot)
     from .registry import all_settings
 
     settings = set(all_settings()) | set(A.DERIVED) | {"seed"}

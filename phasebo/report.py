@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from . import analysis as A
-from .plot_spec import hue_of
+from .plot_spec import hue_of, plot_formats
 from .regimes import REGIMES
 
 
@@ -151,9 +151,10 @@ def varying(df: pd.DataFrame, where=None) -> list[str]:
     return [a for a in axes if a not in ("engine", "model")] or axes
 
 
-def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
+def _retarget(df, h: Mapping, kind: str, i: int, quiet: bool = False) -> tuple[str, Mapping] | None:
     """A ``[plot]`` entry whose axes no longer vary (fixed by ``--set``) draws the axes that do:
-    ``(kind, entry)``, said on stderr; ``None`` when nothing varies."""
+    ``(kind, entry)``, said on stderr (a note: not when ``quiet``); ``None`` when nothing
+    varies (said all the same: a figure asked for is not drawn)."""
     need = ("x", "y") if kind == "heatmap" else ("x",)
     sel = A.select(df, h.get("where"))
     # fixed: one value in this run (a derived axis such as snr, or model, varies all the same)
@@ -182,9 +183,10 @@ def _retarget(df, h: Mapping, kind: str, i: int) -> tuple[str, Mapping] | None:
     what = f"{new['y']} vs {new['x']}" if kind == "heatmap" else \
         f"as the regime shares against {new['x']}" if new["value"] == "regime" else \
         f"as {new['value']} against {new['x']}"
-    print(f"phasebo.plot: [plot] {was} #{i + 1} ({value}): {', '.join(fixed)} is the only value "
-          f"in this sweep (fixed in the file or by --set), so it is drawn {what}",
-          file=sys.stderr)
+    if not quiet:
+        print(f"phasebo.plot: [plot] {was} #{i + 1} ({value}): {', '.join(fixed)} is the only "
+              f"value in this sweep (fixed in the file or by --set), so it is drawn {what}",
+              file=sys.stderr)
     return kind, new
 
 
@@ -211,15 +213,17 @@ def _unique(name: str, used: set) -> str:
     return name
 
 
-def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=150) -> list[Path]:
+def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=150,
+                  quiet: bool = False) -> list[Path]:
     """Draw the figures a sweep asks for (``[plot]``) or the defaults (:func:`wanted_figures`):
     ``heatmap_<value>_<y>_vs_<x>[_<stat>][_<where slice>]`` and ``line_<value>_vs_<x>...``. A map
     whose other axes vary becomes small multiples (or one file per slice,
     :func:`map_figures`); an entry whose axes were fixed by ``--set`` draws the axes that vary;
-    the cells of a ``[[cases]]`` sweep get :func:`phasebo.plot.cases_figure`, never a map."""
+    the cells of a ``[[cases]]`` sweep get :func:`phasebo.plot.cases_figure`, never a map.
+    ``quiet``: without the notes (a figure skipped is still said)."""
     P = _plot()
     out_dir = Path(out_dir)
-    formats = tuple(spec.plot.get("formats", formats))
+    formats = plot_formats(spec.plot, formats)
     dpi = int(spec.plot.get("dpi", dpi))
     heat, lines = wanted_figures(spec)
     paths, used, cache = [], set(), {}
@@ -232,7 +236,7 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
     todo = [("heatmap", h) for h in heat] + [("line", h) for h in lines]
     for i, (kind, h) in enumerate(todo):
         try:
-            got = _retarget(df, h, kind, i if kind == "heatmap" else i - len(heat))
+            got = _retarget(df, h, kind, i if kind == "heatmap" else i - len(heat), quiet)
         except ValueError as e:  # its where names a value --set left out: said, not fatal
             print(f"phasebo.plot: skipped [plot] {kind} #{i + 1}: {e}", file=sys.stderr)
             continue

@@ -119,9 +119,16 @@ def merge_groups(groups: list) -> dict[str, list[str]] | None:
 
 
 def groups_of(path: Path) -> dict[str, list[str]] | None:
-    """The column groups a Parquet file records (``None`` for a file written without them)."""
+    """The column groups a Parquet file records: phasebo's own record, or the ``df.attrs`` pandas
+    wrote with a table ``pb.load`` read and the user saved again (``None`` for a file written
+    without either)."""
     meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta[GROUPS_KEY]) if GROUPS_KEY in meta else None
+    if GROUPS_KEY in meta:
+        return json.loads(meta[GROUPS_KEY])
+    try:  # pandas >= 2.1 keeps df.attrs in the file
+        return json.loads(meta.get(b"PANDAS_ATTRS", b"{}")).get("column_groups")
+    except (ValueError, AttributeError):
+        return None
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -428,6 +435,31 @@ def check_current(out_dir: Path, df: pd.DataFrame, notes: bool = True) -> None:
                       "or (in Python) pb.load(DIR, partial=True) for every finished run")
 
 
+def unfinished(path: Path) -> ConfigError:
+    """The error for a directory whose sweep has not finished, naming the command that finishes
+    it (its manifest's latest)."""
+    try:
+        cmd = json.loads((Path(path) / "manifest.json").read_text()).get("command")
+    except (OSError, ValueError):
+        cmd = None
+    run = f"its command again ({cmd})" if cmd else "its sweep again"
+    return ConfigError(f"{path} holds an unfinished sweep (no results.parquet); fix: run {run} "
+                       "to finish it, or (in Python) pb.load(DIR, partial=True) to read its "
+                       "finished parts")
+
+
+def not_results(path: Path) -> ConfigError:
+    """The error for a sweep file given where its results were expected."""
+    import tomllib
+
+    try:
+        name = tomllib.loads(Path(path).read_text()).get("name") or Path(path).stem
+    except (OSError, ValueError):
+        name = Path(path).stem
+    return ConfigError(f"{path} is a sweep file, not its results; fix: run it first (phasebo "
+                       f"sweep {path}), then give its output directory (results/{name})")
+
+
 def load_results(path: str | Path, partial: bool = False, notes: bool = True) -> pd.DataFrame:
     """Read a sweep's results: a results directory or a ``results.parquet`` file. ``partial``:
     read the finished parts of an interrupted sweep (no ``results.parquet`` yet)."""
@@ -440,9 +472,7 @@ def load_results(path: str | Path, partial: bool = False, notes: bool = True) ->
             return df
         if (path / "parts").is_dir():
             if not partial:
-                raise ConfigError(f"{path} holds an unfinished sweep (no results.parquet); fix: "
-                                  "rerun the sweep to finish it, or (in Python) pb.load(DIR, "
-                                  "partial=True) to read its finished parts")
+                raise unfinished(path)
             df = read_parts(path / "parts", "results")
             if df is None:
                 raise ConfigError(f"{path} has no finished runs yet")
@@ -465,6 +495,8 @@ def load_results(path: str | Path, partial: bool = False, notes: bool = True) ->
     if not path.exists():
         raise ConfigError(f"{path} does not exist; fix: give a sweep directory or a "
                           "results.parquet file")
+    if path.suffix == ".toml":
+        raise not_results(path)
     import pyarrow as pa
 
     try:

@@ -159,8 +159,18 @@ def _lost_values(old_spec: SweepSpec, new: SweepSpec) -> tuple[str, str, str] | 
         before, after = vals(old_spec, k), vals(new, k)
         lost = before - after
         if lost:
-            return k, ", ".join(sorted(lost)), ", ".join(sorted(after))
+            return k, _in_order(lost), _in_order(after)
     return None
+
+
+def _in_order(values: set[str]) -> str:
+    """JSON-encoded values as text, numbers in numeric order (375 before 1000)."""
+    def key(v):
+        x = json.loads(v)
+        num = isinstance(x, int | float) and not isinstance(x, bool)
+        return (0, x, "") if num else (1, 0, v)
+
+    return ", ".join(sorted(values, key=key))
 
 
 def _lost_cell(old_spec: SweepSpec, new: SweepSpec) -> str | None:
@@ -234,6 +244,23 @@ def clear_derived(out_dir: Path) -> None:
             if f.is_file() and (f.suffix in FIGURE_SUFFIXES or f.name.startswith("boundaries")
                                 and f.suffix in (".csv", ".parquet")):
                 f.unlink()
+
+
+def clear_boundaries(out_dir: Path) -> list[str]:
+    """Remove the tables and figures ``phasebo boundaries`` wrote into ``out_dir`` (made from
+    tables that a sweep has just replaced); their names."""
+    gone = []
+    for f in sorted(Path(out_dir).iterdir()):
+        if f.is_file() and (f.name.startswith("boundaries_") and f.suffix in (".csv", ".parquet")
+                            or f.name.startswith("boundary_") and f.suffix in FIGURE_SUFFIXES):
+            f.unlink()
+            gone.append(f.name)
+    return gone
+
+
+def tables_spec(manifest: dict) -> dict | None:
+    """The specification of the runs a directory's tables hold (a subset's, or the directory's)."""
+    return manifest.get("tables_spec") or manifest.get("spec")
 
 
 def holds_runs(out_dir: Path) -> bool:

@@ -42,10 +42,13 @@ from .registry import ENGINES
 from .settings import ConfigError
 from .store import (
     check_out_dir,
+    clear_boundaries,
     hold_dir,
     prepare_out_dir,
     provenance,
+    read_manifest,
     record_figures,
+    tables_spec,
     wait_for_runs,
     write_manifest,
 )
@@ -109,6 +112,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     prov = provenance()
     prov["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start))
     with hold_dir(out_dir, pi):  # a second command into it is refused, not run twice
+        before = tables_spec(read_manifest(out_dir))  # what its tables held until now
         out_dir = prepare_out_dir(out_dir, spec, overwrite, pi, provenance=prov)
         executor = executor or Executor()
         try:
@@ -140,11 +144,18 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         t = time.perf_counter()
         try:
             df = assemble(out_dir, spec_run_ids(spec), engines=sorted(ENGINES))
+            if stats.n_new or before != spec.to_dict():  # boundaries of the tables replaced
+                gone = clear_boundaries(out_dir)
+                if gone and not quiet:
+                    print(f"{spec.name}: removed {len(gone)} boundary table(s) and figure(s) made "
+                          f"from the tables these replace ({', '.join(gone[:2])}"
+                          f"{', ...' if len(gone) > 2 else ''}); fix: run phasebo boundaries "
+                          "again", file=sys.stderr)
             if plots:
                 from .report import sweep_figures
 
                 stale = record_figures(out_dir, sweep_figures(df, spec, out_dir, formats=formats,
-                                                              dpi=dpi))
+                                                              dpi=dpi, quiet=quiet))
                 if stale and not quiet:
                     print(f"{spec.name}: removed {len(stale)} figure(s) of the previous drawing that "
                           f"this one does not draw ({', '.join(stale[:3])}"

@@ -184,6 +184,22 @@ def test_loading_an_interrupted_sweep(tmp_path):
     with pytest.raises(pb.ConfigError, match="unfinished sweep.*partial=True"):
         pb.load(tmp_path / "s")
     assert len(pb.load(tmp_path / "s", partial=True)) == 4
+    # the error names the command that finishes it, from the manifest
+    (tmp_path / "s" / "manifest.json").write_text('{"command": "phasebo sweep big.toml"}')
+    with pytest.raises(pb.ConfigError, match=r"run its command again \(phasebo sweep big.toml\)"):
+        pb.load(tmp_path / "s")
+    from phasebo.cli import run as cli
+
+    assert cli(["report", str(tmp_path / "s")]) == 2  # the report says the same
+
+
+def test_a_sweep_file_given_for_its_results_says_to_run_it(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('name = "wide"\n[settings]\nd = 40\n')
+    with pytest.raises(pb.ConfigError, match=r"is a sweep file, not its results; fix: run it "
+                                             r"first \(phasebo sweep .*mine.toml\), then give "
+                                             r"its output directory \(results/wide\)"):
+        pb.load(f)
 
 
 def test_at_step_refuses_a_step_that_is_not_whole():

@@ -124,6 +124,21 @@ def test_varying_setting_inside_a_slice_is_refused():
     assert len(boundaries(df, "signal_norm", "d", over=["n"])) == len(DS)
 
 
+def test_contradictory_axes_are_refused():
+    """Pooling the boundary's own axis, or a boundary along an axis with one value: refused, not
+    a table of empty slices."""
+    df = planted(np.random.default_rng(3), seeds=4)
+    for over, role in ((["signal_norm"], "x"), (["d"], "y")):
+        with pytest.raises(ValueError, match=f"over names '{over[0]}', the boundary's {role}"):
+            boundaries(df, "signal_norm", "d", over=over)
+    df["noise_ratio"] = 0.2
+    with pytest.raises(ValueError, match=r"x = 'noise_ratio' takes one value in these runs "
+                                         r"\(0.2\).*varies \(d, signal_norm\)"):
+        boundaries(df, "noise_ratio", "d", over=["signal_norm"])
+    with pytest.raises(ValueError, match="between = 'benign': give two different regime names"):
+        boundaries(df, "signal_norm", "d", between=("benign",))
+
+
 def test_public_api_and_summary_names_theory():
     assert pb.boundaries is boundaries and pb.fit_power_law is fit_power_law
     b = boundaries(planted(np.random.default_rng(4)), "signal_norm", "d", n_boot=100)

@@ -54,3 +54,14 @@ def test_a_where_key_no_column_has_is_refused_once_the_columns_are_known():
         check_plot_spec(s, columns={"test_acc", "train_acc"})
     check_plot_spec(spec(heatmaps=[{"x": "signal_norm", "y": "d", "where": {"status": "ok"}}]),
                     columns={"test_acc"})  # a label column is the tables' own
+
+
+def test_formats_as_a_list_or_a_string():
+    from phasebo.plot_spec import plot_formats
+
+    assert plot_formats({"formats": "pdf"}) == ("pdf",)  # not ("p", "d", "f")
+    assert plot_formats({"formats": "png, PDF"}) == ("png", "pdf")
+    assert plot_formats({"formats": ["svg"]}) == ("svg",) and plot_formats({}) == ("png",)
+    s = pb.spec_from_dict({"steps": 4}, AXES, seeds=1, name="p", plot={"formats": "pdf",
+                                                                        "dpi": 300})
+    check_plot_spec(s)

@@ -77,17 +77,19 @@ def test_a_plot_axis_fixed_by_set_draws_the_axes_that_vary(tmp_path, capsys):
     plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime"}]}
     spec = pb.spec_from_dict(BASE, {"signal_norm": [1.0, 9.0], "noise_ratio": [0.1, 0.4]},
                              seeds=1, name="fixed", plot=plot)  # d = 48 only
-    run_sweep(spec, tmp_path / "f", quiet=True)
+    run_sweep(spec, tmp_path / "f")
     assert (tmp_path / "f" / "heatmap_regime_noise_ratio_vs_signal_norm.png").exists()
     err = capsys.readouterr().err
     assert "d = 48 is the only value in this sweep" in err
     assert "so it is drawn noise_ratio vs signal_norm" in err
+    run_sweep(spec, tmp_path / "f", quiet=True)  # drawn again: --quiet has no notes
+    assert "drawn" not in capsys.readouterr().err
 
 
 def test_a_regime_map_with_one_axis_left_draws_the_regime_shares(tmp_path, capsys):
     plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime"}]}
     spec = pb.spec_from_dict(BASE, {"signal_norm": [1.0, 9.0]}, seeds=2, name="one", plot=plot)
-    run_sweep(spec, tmp_path / "o", quiet=True)
+    run_sweep(spec, tmp_path / "o")
     assert (tmp_path / "o" / "line_regime_vs_signal_norm.png").exists()
     err = capsys.readouterr().err
     assert "heatmap #1 (regime): d = 48 is the only value in this sweep" in err
@@ -101,7 +103,7 @@ def test_a_map_over_a_derived_axis_with_the_other_fixed_draws_lines_against_it(t
                          {"x": "snr", "y": "n", "value": "test_acc"}]}
     fixed = {k: v for k, v in BASE.items() if k != "d"}
     spec = pb.spec_from_dict(fixed, {"d": [40, 48, 64]}, seeds=2, name="snr", plot=plot)
-    run_sweep(spec, tmp_path / "s", quiet=True)
+    run_sweep(spec, tmp_path / "s")
     err = capsys.readouterr().err
     assert "drawn as the regime shares against snr" in err and "skipped" not in err, err
     assert "drawn as test_acc against snr" in err
@@ -164,6 +166,16 @@ def _boundary_runs(slices, noise=0.0, seeds=6, spread=0.4):
     return pd.DataFrame(rows)
 
 
+def _note(fig) -> str:
+    """A boundary figure's note on its fit: the title of its legend, below the map (or a text
+    there when it has no legend), never over the cells."""
+    ax = fig.axes[0]
+    leg = ax.get_legend()
+    texts = [t.get_text() for t in ax.texts] + ([leg.get_title().get_text()] if leg else [])
+    assert all(t.get_position()[1] < 0 for t in ax.texts)  # below the axes
+    return " ".join(texts).replace("\n", " ")
+
+
 def test_no_power_law_is_drawn_through_fewer_than_three_slices():
     runs = _boundary_runs([100, 400])
     b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
@@ -171,7 +183,7 @@ def test_no_power_law_is_drawn_through_fewer_than_three_slices():
     assert fig.boundary_fit["status"] == "too_few_slices"
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert not any(lab.startswith(("fit", "theory")) for lab in labels)
-    assert any("no power-law fit" in t.get_text() for t in fig.axes[0].texts)
+    assert "no power-law fit" in _note(fig)
     P.plt.close(fig)
 
 
@@ -181,7 +193,7 @@ def test_a_scattered_boundary_is_flagged_in_the_fit_and_the_figure():
     row = __import__("phasebo.boundaries", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
     assert row["status"] == "scattered" and row["chi2_dof"] > 4
     fig = P.boundary_figure(runs, b, "signal_norm", "d")
-    assert any("scattered" in t.get_text() for t in fig.axes[0].texts)
+    assert "scattered" in _note(fig)
     P.plt.close(fig)
     clean = _boundary_runs([25, 100, 400, 1600, 6400], seeds=10)
     b = pb.boundaries(clean, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
@@ -283,7 +295,7 @@ def test_a_fit_through_grid_gaps_only_is_grid_limited():
     assert power_law_row(b, "signal_norm", "d")["status"] == "grid_limited"
     assert "midpoints of grid gaps" in summary(b, "signal_norm", "d")
     fig = P.boundary_figure(runs, b, "signal_norm", "d")
-    assert any("grid-limited" in t.get_text() for t in fig.axes[0].texts)
+    assert "grid-limited" in _note(fig)
     P.plt.close(fig)
 
 

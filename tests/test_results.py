@@ -68,9 +68,13 @@ def test_loading_needs_no_registry(swept, tmp_path):
     plain = tmp_path / "plain.parquet"
     older = pd.read_parquet(tmp_path / "results.parquet")
     assert older.attrs["column_groups"] == back.attrs["column_groups"]  # pandas keeps them too
+    resaved = tmp_path / "resaved.parquet"  # pb.load, filter, to_parquet: both readers agree
+    back[back["seed"] == 0].to_parquet(resaved)
+    assert R.groups_of(resaved) == back.attrs["column_groups"]
     older.attrs = {}
     older.to_parquet(plain)
     old = pb.load(plain)
+    assert R.groups_of(plain) is None
     assert "column_groups" not in old.attrs and "future_width" in A.metric_columns(old)
     assert "d" in A.setting_columns(old)
 

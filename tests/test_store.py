@@ -318,3 +318,43 @@ def test_a_refused_sweep_leaves_no_directory_behind(tmp_path):
             hold_dir(out):  # the same directory held twice, even in one process
         pass
     assert not out.exists()
+
+
+def test_the_dry_run_of_a_refinement_counts_its_rounds(tmp_path, capsys):
+    """A refinement's round 0 lives in round-0/: the dry run counts the runs there (not in the
+    directory above) and says what the rounds add, with the runs the rounds done hold."""
+    out = tmp_path / "r"
+    argv = ["sweeps/default.toml", "--refine", "not_overfitting,benign", "--rounds", "1",
+            "--target", "0.1", "--seeds", "2", "--set", "steps=300", "--out", str(out)]
+    assert main(argv + ["--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert f"200 runs to run ({out / 'round-0'} holds none)" in said
+    assert "then up to 1 refinement round(s) of the not_overfitting-benign boundary" in said
+    assert main(argv + ["--quiet", "--no-plots"]) == 0
+    capsys.readouterr()
+    assert main(argv + ["--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "200 of 200 runs done, 0 to run" in said
+    if (out / "round-1").is_dir():
+        assert "already done: round-1" in said
+
+
+def test_boundaries_of_tables_a_sweep_replaced_are_removed_and_said(tmp_path, capsys):
+    """phasebo boundaries writes into the sweep's directory; a sweep that then changes its tables
+    (grown, or a subset) removes those tables and figures, and says so; one that adds nothing
+    keeps them."""
+    out = tmp_path / "o"
+    run_sweep(tiny(), out, quiet=True, plots=False)
+    made = ["boundaries_harmful_benign_along_signal_norm_per_d.csv",
+            "boundaries_harmful_benign_along_signal_norm_per_d_fit.csv",
+            "boundary_harmful_benign_along_signal_norm_per_d.png"]
+    for f in made:
+        (out / f).write_text("from the 2-run tables")
+    run_sweep(tiny(), out, plots=False)  # the same runs: the same tables
+    assert all((out / f).exists() for f in made) and "removed" not in capsys.readouterr().err
+    run_sweep(tiny(seeds=2), out, plots=False)  # grown: new tables
+    assert not any((out / f).exists() for f in made)
+    assert "removed 3 boundary table(s) and figure(s)" in capsys.readouterr().err
+    (out / made[0]).write_text("from the 4-run tables")
+    run_sweep(tiny(), out, quiet=True, plots=False)  # a subset: its own tables
+    assert not (out / made[0]).exists()

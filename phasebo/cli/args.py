@@ -8,10 +8,9 @@ import argparse
 import os
 from pathlib import Path
 
+from ..plot_spec import FIGURE_FORMATS
 from ..settings import ConfigError
 from ..store import check_out_dir
-
-FIGURE_FORMATS = ("png", "pdf", "svg")
 
 
 class Parser(argparse.ArgumentParser):

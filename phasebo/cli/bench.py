@@ -103,8 +103,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         sections = list(SECTIONS)
     bad = [x for x in sections if x not in SECTIONS]
     if bad:
-        print(f"{cmd}: error: unknown section {bad[0]!r}; known: {', '.join(SECTIONS)}, "
-              "all", file=sys.stderr)
+        from ..settings import suggest
+
+        print(f"{cmd}: error: unknown section {bad[0]!r}{suggest(bad[0], [*SECTIONS, 'all'])}; "
+              f"known: {', '.join(SECTIONS)}, all", file=sys.stderr)
         return 2
     gpu_jobs, why = _gpu_options(args, sections)
     if why:

@@ -20,8 +20,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     name = p.prog
     results = Path(args.results_dir)
     if not (results / "results.parquet").exists():
-        print(f"{name}: error: {results} holds no results.parquet; fix: give a finished sweep's "
-              "--out directory", file=sys.stderr)
+        from ..results import not_results, unfinished
+
+        why = (unfinished(results) if (results / "parts").is_dir() else
+               not_results(results) if results.suffix == ".toml" and results.is_file() else
+               f"{results} holds no results.parquet; fix: give a finished sweep's --out "
+               "directory")
+        print(f"{name}: error: {why}", file=sys.stderr)
         return 2
     if args.out and Path(args.out).suffix != ".html":
         print(f"{name}: error: --out {args.out!r} must end in .html", file=sys.stderr)

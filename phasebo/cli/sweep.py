@@ -231,6 +231,22 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path, overwrite: bool = False) -> No
     print(f"  {done} of {spec.n_runs} runs done, {spec.n_runs - done} to run")
 
 
+def refine_dry_run(r, out: Path, overwrite: bool = False) -> None:
+    """What a refinement adds to round 0's plan: its rounds, and the runs the rounds already
+    done hold (their points come from the boundaries of the rounds before them)."""
+    from ..results import done_run_ids
+
+    done = [(d.name, len(done_run_ids(d / "parts"))) for d in sorted(
+        out.glob("round-*"), key=lambda d: int(d.name.split("-")[1]) if d.name.split("-")[1]
+        .isdigit() else 0) if d.name != "round-0" and (d / "parts").is_dir()]
+    held = "" if overwrite or not done else \
+        "; already done: " + ", ".join(f"{n} {k} runs" for n, k in done)
+    print(f"  then up to {r.rounds} refinement round(s) of the {r.between[0]}-{r.between[1]} "
+          f"boundary along {r.x} (per {r.y}), until its intervals are narrower than {r.target:g} "
+          f"of it: their points are known only once the round before has run{held}; the "
+          f"combined runs and boundaries go to {out}")
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """The sweep command (see the module docstring); its exit code."""
     import signal
@@ -330,7 +346,11 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                     from ..plot_spec import check_plot_spec
 
                     check_plot_spec(spec, columns=traced_columns(pl))
-                dry_run(spec, pl, out, overwrite=args.overwrite)
+                if block:  # round 0 is a sweep of its own directory; the rounds follow it
+                    dry_run(spec, pl, out / "round-0", overwrite=args.overwrite)
+                    refine_dry_run(r, out, overwrite=args.overwrite)
+                else:
+                    dry_run(spec, pl, out, overwrite=args.overwrite)
                 continue
             if block:
                 refine_sweep(spec, r, out, run_sweep=run_sweep, chunk_size=args.chunk_size,
