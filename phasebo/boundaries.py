@@ -291,6 +291,13 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
             raise ValueError(f"column {col!r} is not in the table"
                              f"{suggest(col, map(str, df.columns))}; it has "
                              f"{', '.join(map(str, df.columns[:30]))}")
+    if df[x].nunique(dropna=False) <= 1:
+        axes = [c for c in setting_columns(df) if df[c].nunique(dropna=False) > 1
+                and c not in ("seed", "root_seed")]
+        raise ValueError(f"x = {x!r} takes one value in these runs "
+                         f"({', '.join(map(str, pd.unique(df[x])[:1]))}): a boundary along it "
+                         "needs several; fix: x names an axis that varies"
+                         + (f" ({', '.join(axes)})" if axes else ""))
     if "status" in df.columns:
         df = df[df["status"].astype(str) == "ok"]
     if fitting == "not_overfitting":
@@ -307,13 +314,6 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
         role = "x" if both[0] == x else "y" if both[0] == y else "by"
         raise ValueError(f"over names {both[0]!r}, the boundary's {role}: it is the boundary's "
                          f"own axis, never pooled; fix: leave it out of over (--over)")
-    if df[x].nunique(dropna=False) <= 1:
-        axes = [c for c in setting_columns(df) if df[c].nunique(dropna=False) > 1
-                and c not in ("seed", "root_seed")]
-        raise ValueError(f"x = {x!r} takes one value in these runs "
-                         f"({', '.join(map(str, pd.unique(df[x])[:1]))}): a boundary along it "
-                         "needs several; fix: x names an axis that varies"
-                         + (f" ({', '.join(axes)})" if axes else ""))
     fixed = {x, *keys, *over, "seed", "root_seed"}
     def tied_to_x(c):  # a setting that x determines one to one (d when x is the snr)
         return all(g.groupby(x)[c].nunique(dropna=False).max() == 1 and

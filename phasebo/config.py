@@ -154,6 +154,8 @@ class SweepSpec:
     description: str = ""
     cases: tuple = ({},)  # settings that vary together; the grid is cases x axes x seeds
     refine: dict = dataclasses.field(default_factory=dict)
+    # the sweep as its file has it, before --set (its [plot] is checked on these cells)
+    filed: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def n_runs(self) -> int:
@@ -347,7 +349,7 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
         raise ConfigError(f"{where}[refine] must be a table")
     spec = SweepSpec(name=name, fixed=fixed, axes=axes, seeds=n_seeds, plot=dict(plot),
                      description=str(raw.get("description", "")), cases=tuple(cases),
-                     refine=dict(refine))
+                     refine=dict(refine), filed=as_filed)
     validate(spec, where)
     check_plot_where(as_filed, plot, where)
     return spec

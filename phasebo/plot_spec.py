@@ -77,6 +77,10 @@ def check_plot_spec(spec, columns: set[str] | None = None) -> None:
                                       ", ".join(repr(a) for a in spec.axes) if spec.axes else
                                       f"{w}{k} = {h[k]!r} is not a setting")
             _check_colours(h, w)
+            hue = h.get("hue", [])
+            if not isinstance(hue, str | list) or not all(isinstance(k, str) for k in hue_of(h)):
+                raise ConfigError(f"{w}hue = {hue!r} must be a list of settings; fix: e.g. hue = "
+                                  "[\"d\"]")
             for k in hue_of(h):
                 if k not in settings:
                     raise ConfigError(f"{w}hue {k!r} is not a setting or derived column; fix: a "
@@ -128,12 +132,32 @@ def _cells_table(spec, limit: int = 200_000) -> pd.DataFrame | None:
     return derived_columns(pd.DataFrame(rows))
 
 
+def pooled_axes(sel: pd.DataFrame, x: str, hue: list[str], regime: bool) -> list[str]:
+    """The axes of ``sel`` (runs or cells) a line plot of ``x`` would pool into each point: for
+    the regime shares (``regime``) every other axis not tied to ``x``; with a ``hue``, the axes
+    that vary inside its (``x``, hue) cells (:func:`phasebo.analysis.aggregate`'s rule); none for
+    the default hue (one line per cell of the other axes)."""
+    if regime:
+        return A.other_axes(sel, x)
+    if not hue:
+        return []
+    by = [x, *hue]
+    inside = [c for c in A.cell_axes(sel) if c not in by]
+    if not inside:
+        return []
+    n_in = sel.groupby(by, dropna=False, observed=True)[inside].nunique(dropna=False).max()
+    return [c for c in inside if n_in[c] > 1]
+
+
 def _check_cells(spec, plot: Mapping) -> None:
     """Refuse, before anything runs, a ``[plot]`` entry whose ``where`` selects no cell (a
     derived value such as ``snr`` no cell has), or a line that would pool cells: one per regime
     (``value = "regime"``) while other axes vary, or a ``hue`` that leaves a varying axis out
-    of its lines. Drawn, they could only be skipped once every run had finished."""
-    table = _cells_table(spec)
+    of its lines. Drawn, they could only be skipped once every run had finished. Checked on the
+    sweep as its file has it: an axis ``--set`` adds gets its own lines (or files) when drawn,
+    and a value ``--set`` leaves out skips its figure then, saying so."""
+    filed = getattr(spec, "filed", None) or spec
+    table = _cells_table(filed)
     if table is None:
         return
     entries = [("heatmaps", i, h) for i, h in enumerate(plot.get("heatmaps", []))] + \
@@ -151,36 +175,32 @@ def _check_cells(spec, plot: Mapping) -> None:
                               "those") from None
         try:
             sel = A.select(table, where)
-        except ValueError:  # a value of the file that --set left out: skipped, and said, when
-            continue  # drawn
+        except ValueError:  # (config.check_plot_where has said which values the file has)
+            continue
         if kind == "heatmaps" or sel.empty or sel[x].nunique(dropna=False) <= 1:
             continue  # a map draws small multiples; a line with x fixed, the axes that vary
-        if h.get("value") == "regime":
-            if hue:
-                raise ConfigError(f"{w}value = \"regime\" draws one line per regime, so it takes "
-                                  f"no hue ({', '.join(hue)}); fix: drop hue and fix those "
-                                  "axes with where")
-            others = A.other_axes(sel, x)
-        elif hue:
-            by = [x, *hue]
-            inside = [c for c in A.cell_axes(sel) if c not in by]
-            n_in = sel.groupby(by, dropna=False)[inside].nunique(dropna=False).max() \
-                if inside else {}
-            others = [c for c in inside if n_in[c] > 1]
-        else:
-            continue  # one line per cell of the other axes
-        if others:  # in the file's order of axes
-            order = list(spec.axes)
-            others = sorted(others, key=lambda a: order.index(a) if a in order else len(order))
-            vals = {a: [v.item() if isinstance(v, np.generic) else v for v in pd.unique(sel[a])]
-                    for a in others}
-            said = " and ".join(f"{a} ({', '.join(map(str, v[:4]))}{', ...' if len(v) > 4 else ''})"
-                                for a, v in vals.items())
-            fix = ", ".join(f"{a} = {v[0]!r}" for a, v in vals.items())
-            raise ConfigError(f"{w}{said} also var{'y' if len(others) > 1 else 'ies'}, so each "
-                              f"point would pool their values; fix: where = {{ {fix} }}"
-                              + ("" if h.get("value") == "regime" else
-                                 f", or add {' and '.join(map(repr, others))} to hue"))
+        if h.get("value") == "regime" and hue:
+            raise ConfigError(f"{w}value = \"regime\" draws one line per regime, so it takes no "
+                              f"hue ({', '.join(hue)}); fix: drop hue and fix those axes with "
+                              "where")
+        others = pooled_axes(sel, x, hue, h.get("value") == "regime")
+        if not others:
+            continue
+        order = list(filed.axes)  # in the file's order of axes
+        others = sorted(others, key=lambda a: order.index(a) if a in order else len(order))
+        vals = {a: [v.item() if isinstance(v, np.generic) else v for v in pd.unique(sel[a])]
+                for a in others}
+        said = " and ".join(f"{a} ({', '.join(map(str, v[:4]))}{', ...' if len(v) > 4 else ''})"
+                            for a, v in vals.items())
+        if x in A.DERIVED:  # equal values of a derived x at several cells of its axes
+            raise ConfigError(f"{w}{x} takes the same value at several cells of {said}, so each "
+                              f"point would pool them; fix: x = {others[0]!r} with the others "
+                              "fixed by where, or a grid whose cells all differ in " + x)
+        fix = ", ".join(f"{a} = {v[0]!r}" for a, v in vals.items())
+        raise ConfigError(f"{w}{said} also var{'y' if len(others) > 1 else 'ies'}, so each "
+                          f"point would pool their values; fix: where = {{ {fix} }}"
+                          + ("" if h.get("value") == "regime" else
+                             f", or add {' and '.join(map(repr, others))} to hue"))
 
 
 STATS = ("mean", "se", "min", "max")  # the seed statistics a map can draw (analysis.aggregate)

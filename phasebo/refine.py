@@ -45,7 +45,7 @@ from . import config as C
 from .boundaries import boundaries, summary
 from .regimes import REGIME_ORDER
 from .settings import ConfigError, suggest
-from .store import hold_dir
+from .store import clear_boundaries, hold_dir, said_cleared, tables_digest
 
 REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
                "max_points": int, "seeds": int}
@@ -187,19 +187,30 @@ def _round_spec(spec: C.SweepSpec, r: Refinement, cases: list[dict], rnd: int) -
     return new
 
 
-def _combine(tables: list, r: Refinement, log: list, out_dir: Path):
-    """Every round's runs as one table with the final boundaries, written beside the rounds."""
+def _combine(tables: list, r: Refinement, log: list, out_dir: Path, quiet: bool = False):
+    """Every round's runs as one table with the final boundaries, written beside the rounds;
+    the files ``phasebo boundaries`` made from other combined runs are removed, and said."""
     runs = pd.concat(tables, ignore_index=True)
     runs["round"] = runs["round"].astype("int64")
     b = boundaries(runs, r.x, r.y, r.between)
     from .results import write_csv_atomic, write_table_atomic
+
+    digest = tables_digest(runs["run_id"])
+    try:
+        old = json.loads((out_dir / "refine.json").read_text()).get("tables")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    gone = clear_boundaries(out_dir) if old != digest else []
+    if gone and not quiet:
+        print(said_cleared(out_dir.name, gone), file=sys.stderr)
 
     write_table_atomic(runs, out_dir / "results.parquet")
     write_csv_atomic(runs, out_dir / "results.csv")
     write_table_atomic(b, out_dir / "boundaries.parquet")
     write_csv_atomic(b, out_dir / "boundaries.csv")
     (out_dir / "refine.json").write_text(json.dumps(
-        {"refinement": dataclasses.asdict(r), "rounds": log}, indent=1, allow_nan=False))
+        {"refinement": dataclasses.asdict(r), "rounds": log, "tables": digest}, indent=1,
+        allow_nan=False))
     return runs, b
 
 
@@ -246,7 +257,7 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
                 break
             cur = _round_spec(spec, r, cases, rnd + 1)
         try:
-            runs, b = _combine(tables, r, log, out_dir)
+            runs, b = _combine(tables, r, log, out_dir, quiet)
         except KeyboardInterrupt:
             print(f"interrupted while combining the rounds: every round is saved under "
                   f"{out_dir}/round-*; run the same command again to combine them", file=sys.stderr)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from . import analysis as A
-from .plot_spec import hue_of, plot_formats
+from .plot_spec import hue_of, plot_formats, pooled_axes
 from .regimes import REGIMES
 
 
@@ -249,8 +249,7 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
             if kind == "heatmap":
                 figs = map_figures(df, h, stem, cache)
             else:
-                figs = [(P.line_plot(df, h["x"], value, hue=hue_of(h) or None,
-                                     where=h.get("where"))[0], stem)]
+                figs = _line_figures(df, h, value, stem, i - len(heat), quiet)
         except ValueError as e:
             print(f"phasebo.plot: skipped {kind} {value}: {e}", file=sys.stderr)
             continue
@@ -260,6 +259,27 @@ def sweep_figures(df: pd.DataFrame, spec, out_dir: Path, formats=("png",), dpi=1
         if kind == "heatmap" and value == "regime":
             paths += _regime_steps_figure(df, h, out_dir, formats, dpi)
     return paths
+
+
+def _line_figures(df, h: Mapping, value: str, stem: str, i: int, quiet: bool) -> list:
+    """A ``[plot]`` line as ``[(figure, name)]``. An axis that ``--set`` turned into one, which
+    the file's line would pool into each point, gets lines of its own (added to the hue), or,
+    for the regime shares, a file per value (``<stem>_<axis><value>``), said unless ``quiet``."""
+    P = _plot()
+    x, hue, where = h["x"], hue_of(h), h.get("where") or None
+    sel = A.select(df, where)
+    extra = [] if x in A.DERIVED else pooled_axes(sel, x, hue, value == "regime")
+    if not extra:
+        return [(P.line_plot(df, x, value, hue=hue or None, where=where)[0], stem)]
+    if not quiet:
+        print(f"phasebo.plot: [plot] line #{i + 1} ({value}): {', '.join(extra)} also var"
+              f"{'y' if len(extra) > 1 else 'ies'} in this sweep (turned into an axis by --set), "
+              + ("so each value gets a figure of its own" if value == "regime" else
+                 "so each value gets lines of its own"), file=sys.stderr)
+    if value != "regime":
+        return [(P.line_plot(df, x, value, hue=[*hue, *extra], where=where)[0], stem)]
+    return [(P.line_plot(df, x, value, where={**(where or {}), **w})[0],
+             f"{stem}_{P.slice_tag(w)}") for w in P.facet_slices(sel, extra)]
 
 
 def _regime_steps_figure(df, h: Mapping, out_dir: Path, formats, dpi) -> list[Path]:

@@ -40,7 +40,7 @@ HISTORY_KEYS = ("invocation", "subset", "started", "finished", "interrupted", "c
 # manifest keys that describe the directory, not an invocation's provenance (an interruption is
 # one invocation's: its history entry says it)
 NOT_PROVENANCE = ("name", "n_runs", "spec", "history", "subset", "tables_spec", "tables_n_runs",
-                  "interrupted", "figures")
+                  "interrupted", "figures", "tables")
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -66,46 +66,60 @@ def hold_dir(out_dir: Path, process_index: int = 0, what: str = "sweep"):
     """Hold ``out_dir`` while this invocation writes runs into it: a second command into the same
     directory (the same process index of a cluster) is refused in one line naming the holder,
     instead of computing every run a second time. The lock is the kernel's (``flock``), so a
-    killed holder releases it; the file stays, with the last holder's pid, host and command. A
-    directory this call created and left holding nothing but the lock is removed again (a
-    refused sweep leaves no trace)."""
+    killed holder releases it. The file is never removed (removing it would let a third command
+    lock a new file while the second still holds the old one); it keeps the last holder's pid,
+    host, command and kind. A lock file of another user that this one cannot write is locked
+    read-only (the holder's details are then not rewritten)."""
     out_dir = Path(out_dir)
-    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (LOCK if process_index == 0 else f"{LOCK}-{process_index}")
-    f = open(path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
+    try:
+        f, writable = open(path, "a+"), True  # noqa: SIM115 (held open for the lock's lifetime)
+    except PermissionError:  # another user's lock file in a shared directory
+        try:
+            f, writable = open(path), False  # noqa: SIM115
+        except OSError:
+            yield out_dir  # cannot even read it: the directory is not held
+            return
     try:
         if fcntl is not None:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                raise ConfigError(f"{out_dir} is being written by another phasebo {what} "
-                                  f"({_who(f.read())}); "
-                                  "fix: wait for it to finish (then this command adds only what "
-                                  "it lacks), or give this one another --out") from None
-            except OSError:  # a file system without locks: the directory is not held
-                pass
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps({"pid": os.getpid(), "host": _platform.node(),
-                            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                            "command": command_line()}) + "\n")
-        f.flush()
+            _lock(f, out_dir)
+        if writable:
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps({"pid": os.getpid(), "host": _platform.node(),
+                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                "command": command_line(), "what": what}) + "\n")
+            f.flush()
         yield out_dir
     finally:
         f.close()
-        if created and {q.name for q in out_dir.iterdir()} <= {path.name}:
-            path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()
+
+
+def _lock(f, out_dir: Path, tries: int = 10) -> None:
+    """``flock`` ``f`` exclusively, retried for ~0.2 s (a dry run's look at the lock, or a holder
+    between its lock and its details, is a moment), else refuse naming the holder."""
+    for i in range(tries):
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if i + 1 < tries:
+                time.sleep(0.02)
+        except OSError:  # a file system without locks: the directory is not held
+            return
+    f.seek(0)
+    raise ConfigError(f"{out_dir} is being written by another phasebo command "
+                      f"({_who(f.read())}); fix: wait for it to finish (then this command adds "
+                      "only what it lacks), or give this one another --out")
 
 
 def _who(text: str) -> str:
     """A lock file's holder in words."""
     try:
         w = json.loads(text)
-        return f"pid {w['pid']} on {w['host']}, started {w['started']}: {w['command']}"
+        return (f"a {w.get('what', 'sweep')}, pid {w['pid']} on {w['host']}, started "
+                f"{w['started']}: {w['command']}")
     except (ValueError, KeyError, TypeError):
         return text.strip() or "holder unknown"
 
@@ -115,13 +129,16 @@ def holder(out_dir: Path) -> str | None:
     path = Path(out_dir) / LOCK
     if fcntl is None or not path.is_file():
         return None
-    with open(path) as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _who(f.read())
-        except OSError:
-            return None
+    try:
+        with open(path) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _who(f.read())
+            except OSError:
+                return None
+    except OSError:
+        return None
     return None
 
 
@@ -248,11 +265,14 @@ def clear_derived(out_dir: Path) -> None:
 
 def clear_boundaries(out_dir: Path) -> list[str]:
     """Remove the tables and figures ``phasebo boundaries`` wrote into ``out_dir`` (made from
-    tables that a sweep has just replaced); their names."""
+    tables that a sweep has just replaced; named ``boundar{ies,y}_<A>_<B>_along_<x>_per_<y>...``,
+    so a file of the user's own is kept); their names."""
     gone = []
     for f in sorted(Path(out_dir).iterdir()):
-        if f.is_file() and (f.name.startswith("boundaries_") and f.suffix in (".csv", ".parquet")
-                            or f.name.startswith("boundary_") and f.suffix in FIGURE_SUFFIXES):
+        ours = "_along_" in f.name and "_per_" in f.name
+        if f.is_file() and ours and (
+                f.name.startswith("boundaries_") and f.suffix in (".csv", ".parquet")
+                or f.name.startswith("boundary_") and f.suffix in FIGURE_SUFFIXES):
             f.unlink()
             gone.append(f.name)
     return gone
@@ -360,8 +380,9 @@ def write_manifest(out_dir: Path, spec: SweepSpec, provenance: dict, history=Non
         body.update(name=prev.get("name", spec.name), n_runs=prev.get("n_runs"),
                     spec=prev["spec"], tables_spec=spec.to_dict(), tables_n_runs=spec.n_runs)
     body.update(**top, history=history)
-    if prev.get("figures") is not None:
-        body["figures"] = prev["figures"]
+    for k in ("figures", "tables"):  # what the last drawing and assembly made: kept
+        if prev.get(k) is not None:
+            body[k] = prev[k]
     _write_json(manifest, body)
 
 
@@ -369,6 +390,36 @@ def _write_json(path: Path, body: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(body, indent=1, default=repr))
     os.replace(tmp, path)
+
+
+def tables_digest(run_ids) -> str:
+    """A short digest of a set of run ids (their order aside)."""
+    import hashlib
+
+    import numpy as np
+
+    return hashlib.sha1(np.sort(np.asarray(run_ids).astype(np.uint64)).tobytes()).hexdigest()[:16]
+
+
+def said_cleared(name: str, gone: list[str]) -> str:
+    """The note for boundary files removed with the tables they were made from."""
+    return (f"{name}: removed {len(gone)} boundary table(s) and figure(s) made from the tables "
+            f"these replace ({', '.join(gone[:2])}{', ...' if len(gone) > 2 else ''}); fix: run "
+            "phasebo boundaries again")
+
+
+def record_tables(out_dir: Path, run_ids) -> bool | None:
+    """Record in the manifest which runs the tables now hold (a digest of their ids, as
+    ``tables``): whether that changed since the last assembly (``None``: no record, a directory
+    of an older version). Whatever was computed from the old tables is then stale."""
+    digest = tables_digest(run_ids)
+    m = read_manifest(out_dir)
+    if not m:
+        return None
+    old = m.get("tables")
+    m["tables"] = digest
+    _write_json(Path(out_dir) / "manifest.json", m)
+    return None if old is None else old != digest
 
 
 def record_figures(out_dir: Path, paths) -> list[str]:

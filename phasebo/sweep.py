@@ -48,6 +48,8 @@ from .store import (
     provenance,
     read_manifest,
     record_figures,
+    record_tables,
+    said_cleared,
     tables_spec,
     wait_for_runs,
     write_manifest,
@@ -144,13 +146,11 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         t = time.perf_counter()
         try:
             df = assemble(out_dir, spec_run_ids(spec), engines=sorted(ENGINES))
-            if stats.n_new or before != spec.to_dict():  # boundaries of the tables replaced
-                gone = clear_boundaries(out_dir)
+            changed = record_tables(out_dir, df["run_id"])  # None: an older directory
+            if changed or changed is None and (stats.n_new or before != spec.to_dict()):
+                gone = clear_boundaries(out_dir)  # made from the tables these replace
                 if gone and not quiet:
-                    print(f"{spec.name}: removed {len(gone)} boundary table(s) and figure(s) made "
-                          f"from the tables these replace ({', '.join(gone[:2])}"
-                          f"{', ...' if len(gone) > 2 else ''}); fix: run phasebo boundaries "
-                          "again", file=sys.stderr)
+                    print(said_cleared(spec.name, gone), file=sys.stderr)
             if plots:
                 from .report import sweep_figures
 

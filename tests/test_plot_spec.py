@@ -33,6 +33,8 @@ def test_lines_that_pool_nothing_pass(line):
     ({"x": "signal_norm", "hue": ["d"]}, "noise_ratio (0.1, 0.2) also varies"),
     ({"x": "signal_norm", "value": "regime", "hue": ["d"]}, "takes no hue"),
     ({"x": "signal_norm", "where": {"snr": 0.5}}, "where snr = 0.5 is in no row"),
+    ({"x": "signal_norm", "hue": 5}, "hue = 5 must be a list of settings"),
+    ({"x": "signal_norm", "hue": [["d"]]}, "must be a list of settings"),
 ])
 def test_lines_that_would_pool_are_refused(line, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -65,3 +67,24 @@ def test_formats_as_a_list_or_a_string():
     s = pb.spec_from_dict({"steps": 4}, AXES, seeds=1, name="p", plot={"formats": "pdf",
                                                                         "dpi": 300})
     check_plot_spec(s)
+
+
+def test_an_axis_added_by_set_is_not_refused():
+    """The file's lines are checked as the file has them: --set turning a setting into an axis
+    (which the line's hue leaves out) draws it as lines or files of its own, not a refusal."""
+    raw = {"settings": {"steps": 4}, "axes": {"signal_norm": [3.0, 30.0], "d": [40, 80]},
+           "plot": {"lines": [{"x": "signal_norm", "hue": ["d"]},
+                              {"x": "signal_norm", "value": "regime", "where": {"d": 40}}]}}
+    check_plot_spec(build_spec(raw, "p", overrides={"noise_ratio": [0.1, 0.2]}))
+    with pytest.raises(ConfigError, match="noise_ratio"):  # in the file itself: refused
+        check_plot_spec(build_spec({**raw, "axes": {**raw["axes"], "noise_ratio": [0.1, 0.2]}},
+                                   "p"))
+
+
+def test_equal_values_of_a_derived_x_are_refused_with_a_fix_that_works():
+    """snr = signal_norm / sqrt(d) repeats across (d, signal_norm) cells: fixing d and
+    signal_norm would fix snr itself, so the fix names one of them as x."""
+    s = pb.spec_from_dict({"steps": 4}, {"d": [100, 400], "signal_norm": [1.0, 2.0, 4.0]},
+                          name="p", plot={"lines": [{"x": "snr", "hue": ["n"]}]})
+    with pytest.raises(ConfigError, match="snr takes the same value at several cells of d"):
+        check_plot_spec(s)

@@ -310,3 +310,25 @@ def test_a_grid_refined_along_d_maps_with_d_across():
     assert R.tiling_axes(df, ["signal_norm", "d"]) == ("d", "signal_norm")
     full = pd.DataFrame([(m, d) for m in (20.0, 50.0) for d in (250, 500)], columns=["signal_norm", "d"])
     assert R.tiling_axes(full, ["signal_norm", "d"]) == ("signal_norm", "d")  # as before
+
+
+def test_an_axis_set_adds_gets_lines_or_files_of_its_own(tmp_path, capsys):
+    """The file's lines fix noise_ratio by leaving it out; --set makes it an axis: the value
+    line gets a line per noise_ratio (hue widened), the regime shares a file per noise_ratio,
+    each said; nothing is pooled and nothing skipped."""
+    from phasebo.config import build_spec
+
+    fixed = {k: v for k, v in BASE.items() if k != "d"}
+    raw = {"settings": fixed, "axes": {"signal_norm": [1.0, 9.0], "d": [40, 48]},
+           "plot": {"lines": [{"x": "signal_norm", "hue": ["d"]},
+                              {"x": "signal_norm", "value": "regime", "where": {"d": 40}}]}}
+    spec = build_spec(raw, "added", overrides={"noise_ratio": [0.1, 0.4]})
+    run_sweep(spec, tmp_path / "a")
+    err = capsys.readouterr().err
+    assert "skipped" not in err, err
+    assert "line #1 (test_acc): noise_ratio also varies in this sweep (turned into an axis by " \
+           "--set), so each value gets lines of its own" in err
+    assert "line #2 (regime): noise_ratio also varies" in err
+    names = {p.name for p in (tmp_path / "a").glob("line_*.png")}
+    assert "line_test_acc_vs_signal_norm.png" in names
+    assert len([n for n in names if n.startswith("line_regime_vs_signal_norm_d40_")]) == 2, names

@@ -293,7 +293,8 @@ def test_a_second_command_into_a_directory_being_written_is_refused(tmp_path, ca
         argv = ["sweeps/default.toml", "--out", str(out), "--seeds", "1", "--set", "d=[40]",
                 "--set", "signal_norm=[3.0]", "--set", "steps=4", "--no-plots"]
         assert main(argv + ["--dry-run"]) == 0
-        assert "being written now by another phasebo command (pid" in capsys.readouterr().out
+        assert "being written now by another phasebo command (a sweep, pid" in \
+            capsys.readouterr().out
         capsys.readouterr()
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
@@ -307,17 +308,16 @@ def test_a_second_command_into_a_directory_being_written_is_refused(tmp_path, ca
     assert (out / "results.parquet").exists()
 
 
-def test_a_refused_sweep_leaves_no_directory_behind(tmp_path):
+def test_a_directory_held_twice_is_refused_even_in_one_process(tmp_path):
     from phasebo.store import hold_dir
 
     out = tmp_path / "new"
-    with pytest.raises(ConfigError), hold_dir(out):
-        raise ConfigError("refused after the directory was held")
-    assert not out.exists()
-    with hold_dir(out), pytest.raises(ConfigError, match="being written by another"), \
-            hold_dir(out):  # the same directory held twice, even in one process
+    with hold_dir(out, what="refinement"), pytest.raises(
+            ConfigError, match=r"being written by another phasebo command \(a refinement, pid"), \
+            hold_dir(out):
         pass
-    assert not out.exists()
+    with hold_dir(out), hold_dir(out, process_index=1):  # a cluster's processes: one lock each
+        assert (out / ".phasebo-lock-1").exists()
 
 
 def test_the_dry_run_of_a_refinement_counts_its_rounds(tmp_path, capsys):
@@ -335,8 +335,11 @@ def test_the_dry_run_of_a_refinement_counts_its_rounds(tmp_path, capsys):
     assert main(argv + ["--dry-run"]) == 0
     said = capsys.readouterr().out
     assert "200 of 200 runs done, 0 to run" in said
-    if (out / "round-1").is_dir():
-        assert "already done: round-1" in said
+    rounds = json.loads((out / "refine.json").read_text())["rounds"]
+    if len(rounds) > 1:  # round 1 ran: its runs are counted
+        assert f"already done: round-1 {rounds[1]['runs']} runs" in said
+    else:
+        assert "already done" not in said and not (out / "round-1").exists()
 
 
 def test_boundaries_of_tables_a_sweep_replaced_are_removed_and_said(tmp_path, capsys):
@@ -350,10 +353,11 @@ def test_boundaries_of_tables_a_sweep_replaced_are_removed_and_said(tmp_path, ca
             "boundary_harmful_benign_along_signal_norm_per_d.png"]
     for f in made:
         (out / f).write_text("from the 2-run tables")
+    (out / "boundary_sketch.png").write_text("the user's own: not named as phasebo names them")
     run_sweep(tiny(), out, plots=False)  # the same runs: the same tables
     assert all((out / f).exists() for f in made) and "removed" not in capsys.readouterr().err
     run_sweep(tiny(seeds=2), out, plots=False)  # grown: new tables
-    assert not any((out / f).exists() for f in made)
+    assert not any((out / f).exists() for f in made) and (out / "boundary_sketch.png").exists()
     assert "removed 3 boundary table(s) and figure(s)" in capsys.readouterr().err
     (out / made[0]).write_text("from the 4-run tables")
     run_sweep(tiny(), out, quiet=True, plots=False)  # a subset: its own tables

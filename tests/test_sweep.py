@@ -97,6 +97,7 @@ def test_regime_thresholds_from_the_sweep_file(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 GOOD = '[settings]\nd = 64\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\n'
+TWO = '[settings]\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\nd = [64, 96]\n'
 
 
 @pytest.mark.parametrize(
@@ -144,11 +145,10 @@ GOOD = '[settings]\nd = 64\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\n'
          ["where signal_norm = 4.0 is not a value of this sweep (it has 3.0, 6.0)"]),
         (GOOD + '[plot]\nlines = [{ x = "signal_norm", where = { lr = 0.1 } }]\n', [],
          ["where lr = 0.1 is not a value of this sweep (it has 0.005)"]),
-        (GOOD + '[plot]\nlines = [{ x = "signal_norm", value = "regime" }]\n', ["--set", "d=[64, 96]"],
+        (TWO + '[plot]\nlines = [{ x = "signal_norm", value = "regime" }]\n', [],
          ["lines #1: d (64, 96) also varies, so each point would pool", "where = { d = 64 }"]),
-        (GOOD + '[plot]\nlines = [{ x = "signal_norm", hue = ["d"] }]\n',
-         ["--set", "d=[64, 96]", "--set", "noise_ratio=[0.1, 0.2]"],
-         ["noise_ratio (0.1, 0.2) also varies", "add 'noise_ratio' to hue"]),
+        (TWO + 'noise_ratio = [0.1, 0.2]\n[plot]\nlines = [{ x = "signal_norm", hue = ["d"] }]\n',
+         [], ["noise_ratio (0.1, 0.2) also varies", "add 'noise_ratio' to hue"]),
         (GOOD + '[plot]\nlines = [{ x = "signal_norm", hue = ["dd"] }]\n', [],
          ["hue 'dd' is not a setting"]),
         (GOOD + '[plot]\nlines = [{ x = "signal_norm", where = { snr = 0.5 } }]\n', [],
@@ -404,9 +404,11 @@ def test_every_sweep_file_dry_runs(path, traced, tmp_path, capsys, restore_x64,
     assert main(argv) == 0
     printed = capsys.readouterr().out
     spec = load_sweep(path)
+    first = out / "round-0" if spec.refine else out  # a refinement's round 0: its own directory
     head = re.search(rf"^{re.escape(spec.name)}: {spec.n_runs} runs in (\d+) compiled group\(s\) "
-                     rf"on \d+ \w+ device\(s\); output {re.escape(str(out))}$", printed, re.M)
+                     rf"on \d+ \w+ device\(s\); output {re.escape(str(first))}$", printed, re.M)
     assert head, printed
+    assert ("then up to" in printed) == bool(spec.refine), printed
     groups = re.findall(r"^  .+: (\d+) runs in (\d+) cell\(s\); block \d+( noise group\(s\) of "
                         r"\d+ runs \(shared along \w+\))?, first chunk \d+; memory ~",
                         printed, re.M)

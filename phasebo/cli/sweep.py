@@ -241,6 +241,10 @@ def refine_dry_run(r, out: Path, overwrite: bool = False) -> None:
         .isdigit() else 0) if d.name != "round-0" and (d / "parts").is_dir()]
     held = "" if overwrite or not done else \
         "; already done: " + ", ".join(f"{n} {k} runs" for n, k in done)
+    busy = holder(out)
+    if busy:  # the refinement itself holds the directory above its rounds
+        print(f"  {out} is being refined now by another phasebo command ({busy}): running "
+              "this now would be refused until it finishes")
     print(f"  then up to {r.rounds} refinement round(s) of the {r.between[0]}-{r.between[1]} "
           f"boundary along {r.x} (per {r.y}), until its intervals are narrower than {r.target:g} "
           f"of it: their points are known only once the round before has run{held}; the "
