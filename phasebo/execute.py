@@ -40,7 +40,7 @@ from .grid import chunk_arrays, chunks, group_pieces, select
 from .plan import next_width
 from .registry import get_model, resolve_engine
 from .results import done_run_ids, output_columns, rows, write_table_atomic
-from .settings import SHAPES_ONLY
+from .settings import SHAPES_ONLY, ConfigError
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 IN_FLIGHT = 2  # blocks dispatched ahead of the one being waited for
@@ -524,6 +524,10 @@ def prepare_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     own = C.check_cell(C.resolve(given), given)
     model = get_model(own["model"])
     static = model.static_of(own)
+    if static.dtype == "float64" and not jax.config.jax_enable_x64:  # else float32, unsaid
+        raise ConfigError("dtype = \"float64\" needs 64-bit JAX; fix: "
+                          "jax.config.update(\"jax_enable_x64\", True) before the first run "
+                          "(or JAX_ENABLE_X64=1)")
     engine = resolve_engine(model, static)
     program = engine.program(model, static)
     sw = {k: np.asarray([own[k]], np.float64) for k in model.swept}

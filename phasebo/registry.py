@@ -1,6 +1,6 @@
 """The literal tables of models and engines, and the lookups over them.
 
-Adding a model is one new module in :mod:`phasebo.models` and one line in :data:`MODELS`
+Adding a model is one new module in :mod:`phasebo.models`, its import and one line in :data:`MODELS`
 (``docs/architecture.md`` walks through an example). :func:`check_model` runs on every entry at
 import: a model that lists an engine without implementing that engine's hooks, or that declares a
 setting name with another meaning than a model before it, is an error here, not at run time.
@@ -35,9 +35,15 @@ MODELS: dict[str, Model] = {
 }
 
 
-def check_model(model: Model, models: dict[str, Model] | None = None) -> None:
-    """Raise ``TypeError`` if ``model`` lists an unknown engine, misses an engine's hooks, or
-    gives a setting name another type, kind or meaning than the other models do."""
+def check_model(model: Model, models: dict[str, Model] | None = None,
+                key: str | None = None) -> None:
+    """Raise ``TypeError`` if ``model`` lists an unknown engine, misses an engine's hooks, gives
+    a setting name another type, kind, choices, identity or requirement than the other models do
+    (its one-line doc is not compared), or is registered under another ``key`` than its name."""
+    if key is not None and key != model.name:
+        raise TypeError(f"model registered as {key!r} is named {model.name!r}: its runs would be "
+                        f"recorded as {model.name!r}; fix: name = {key!r} in its class, or "
+                        f"register it as {model.name!r}")
     for e in model.engines:
         if e not in ENGINES:
             raise TypeError(f"{model.name}: unknown engine {e!r}")
@@ -58,14 +64,16 @@ def _meaning(s: Setting):
     return (s.type, s.kind, s.choices, s.identity, s.requires)
 
 
-for _m in MODELS.values():
-    check_model(_m)
+for _k, _m in MODELS.items():
+    check_model(_m, key=_k)
 
 
 def get_model(name: str) -> Model:
     if name not in MODELS:
         raise ConfigError(f"model = {name!r} is not a known model{suggest(name, MODELS)}; fix: "
                           f"one of {', '.join(MODELS)} (phasebo models describes them)")
+    if MODELS[name].name != name:  # an entry added after import (a test, a notebook)
+        check_model(MODELS[name], key=name)
     return MODELS[name]
 
 

@@ -52,7 +52,9 @@ def settings_table(model_name: str | None = None, width: int = 100) -> str:
         out.append(f"{m.name}: {m.doc}")
         out.append(f"  engines: {', '.join(m.engines)}; data: "
                    f"{m.data.name if m.data else 'its own'}")
-        out.append(f"  {'setting':15s} {'kind':7s} {'default':22s} doc")
+        nw = max(15, *map(len, m.settings))  # the longest name sets the column
+        pad = 2 + nw + 1 + 7 + 1 + 22 + 1
+        out.append(f"  {'setting':{nw}s} {'kind':7s} {'default':22s} doc")
         for name, s in m.settings.items():
             default = s.default
             if isinstance(default, tuple):
@@ -64,9 +66,9 @@ def settings_table(model_name: str | None = None, width: int = 100) -> str:
             doc = s.doc + (f" (choices: {', '.join(map(str, s.choices))})" if s.choices else "")
             if s.requires:
                 doc += f" [needs {s.requires[0]} = {s.requires[1]}]"
-            wrapped = textwrap.wrap(doc, max(40, width - 49)) or [""]
-            out.append(f"  {name:15s} {s.kind:7s} {str(default):22s} {wrapped[0]}")
-            out += [" " * 49 + w for w in wrapped[1:]]
+            wrapped = textwrap.wrap(doc, max(40, width - pad)) or [""]
+            out.append(f"  {name:{nw}s} {s.kind:7s} {str(default):22s} {wrapped[0]}")
+            out += [" " * pad + w for w in wrapped[1:]]
         out.append("")
     return "\n".join(out)
 

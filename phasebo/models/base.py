@@ -114,6 +114,11 @@ class Model(abc.ABC):
                 raise ConfigError(f"{rule[0]} {what}; fix: dynamics = \"gd\", or leave "
                                   f"{rule[0].split(' ')[0]} at its default")
         if r.get("dynamics") == "limit":
+            if "weight_decay" not in self.settings:  # no fix by a setting: say what the model lacks
+                raise ConfigError(f"dynamics = \"limit\" minimises L + (weight_decay/2)||theta||^2, "
+                                  f"but model {self.name!r} has no weight_decay setting; fix: "
+                                  "dynamics = \"flow\" (or give the model WEIGHT_DECAY in its "
+                                  "own_settings)")
             if not r.get("weight_decay", 0.0) > 0:
                 raise ConfigError(f"dynamics = \"limit\" minimises L + (weight_decay/2)||theta||^2, "
                                   f"which has a minimiser only for weight_decay > 0 (it is "
