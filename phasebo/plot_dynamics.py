@@ -300,6 +300,8 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
 
     One line per ``hue`` cell (default: the axes other than ``x`` that vary, e.g. ``d`` and
     ``signal_norm``); mean over seeds, band min–max; ok runs only. The dotted line is ratio 1.
+    ``ratio``: a column of :func:`~phasebo.theory.s_ratios` (``"s_ratio_obs_min"``: grouped by
+    observed label, as the official code).
     """
     runs = A.select(df, where)
     runs = runs[runs["status"] == "ok"] if "status" in runs.columns else runs
@@ -324,7 +326,9 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
     axes[0].set_ylabel({"s_ratio_min": r"min over classes of $\Sigma\mathfrak{S}$ clean / flipped",
                         "s_ratio_pos": r"$\Sigma\mathfrak{S}$ clean / flipped (class +)",
                         "s_ratio_neg": r"$\Sigma\mathfrak{S}$ clean / flipped (class −)",
-                        "s_class_balance": r"$\Sigma\mathfrak{S}$ clean+ / clean−"}.get(ratio, ratio))
+                        "s_class_balance": r"$\Sigma\mathfrak{S}$ clean+ / clean−",
+                        "s_ratio_obs_min": r"min over observed labels of $\Sigma\mathfrak{S}$ "
+                                           "clean / flipped"}.get(ratio, ratio))
     axes[1].set_ylabel("test accuracy")
     axes[1].set_ylim(0.4, 1.02)
     for ax in axes:

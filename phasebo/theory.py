@@ -267,8 +267,12 @@ def s_ratios(df: pd.DataFrame) -> pd.DataFrame:
       report ≈ 0.5–2.5).
 
     The pairing by clean class is a **reconstruction** of [S]'s per-class condition from the
-    gradient's direction (the paper's statement is asymptotic). A ratio is NaN where its
-    denominator is 0 (e.g. no flipped sample of that class).
+    gradient's direction (the paper's statement is asymptotic). The official code
+    (``main_math_frak.py``) groups the samples by their **observed** label instead: its class +
+    sums are the clean samples of class + and the flipped samples labelled + (clean class −).
+    Those ratios are ``s_ratio_obs_pos = cumS_clean_pos / cumS_noisy_neg``,
+    ``s_ratio_obs_neg = cumS_clean_neg / cumS_noisy_pos`` and ``s_ratio_obs_min``. A ratio is NaN
+    where its denominator is 0 (e.g. no flipped sample of that class).
     """
     need = ["cumS_clean_pos", "cumS_clean_neg", "cumS_noisy_pos", "cumS_noisy_neg"]
     miss = [c for c in need if c not in df.columns]
@@ -280,6 +284,10 @@ def s_ratios(df: pd.DataFrame) -> pd.DataFrame:
         rp = np.where(npos > 0, cp / np.where(npos > 0, npos, 1), np.nan)
         rn = np.where(nneg > 0, cn / np.where(nneg > 0, nneg, 1), np.nan)
         bal = np.where(cn > 0, cp / np.where(cn > 0, cn, 1), np.nan)
+        op = np.where(nneg > 0, cp / np.where(nneg > 0, nneg, 1), np.nan)
+        on = np.where(npos > 0, cn / np.where(npos > 0, npos, 1), np.nan)
     out = pd.DataFrame({"s_ratio_pos": rp, "s_ratio_neg": rn,
-                        "s_ratio_min": np.fmin(rp, rn), "s_class_balance": bal}, index=df.index)
+                        "s_ratio_min": np.fmin(rp, rn), "s_class_balance": bal,
+                        "s_ratio_obs_pos": op, "s_ratio_obs_neg": on,
+                        "s_ratio_obs_min": np.fmin(op, on)}, index=df.index)
     return out

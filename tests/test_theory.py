@@ -102,6 +102,10 @@ def test_s_ratios_by_hand():
     assert list(r["s_ratio_neg"]) == [4.0, 0.5]
     assert list(r["s_ratio_min"]) == [4.0, 0.5]  # NaN ignored in the minimum
     assert list(r["s_class_balance"]) == [2.0, 0.5]
+    # the official code's grouping by observed label: clean + with flipped labelled + (clean -)
+    assert list(r["s_ratio_obs_pos"]) == [8.0, 0.25]
+    assert list(r["s_ratio_obs_neg"].iloc[:1]) == [2.0] and np.isnan(r["s_ratio_obs_neg"].iloc[1])
+    assert list(r["s_ratio_obs_min"]) == [2.0, 0.25]
     with pytest.raises(KeyError, match="cumS"):
         TH.s_ratios(df.drop(columns="cumS_noisy_neg"))
 
