@@ -247,6 +247,8 @@ PERTURB = {
     "limit_tol": (dict(weight_decay=0.1, dtype="float64", limit_tol=1e-3), 1e-9),
     "limit_max_iters": (dict(weight_decay=0.1, dtype="float64", limit_max_iters=2), 3),
 }
+# settings that act only through another the model may lack
+NEEDS = {"limit_tol": "weight_decay", "limit_max_iters": "weight_decay"}
 # settings that only gradient descent has (refused with dynamics = "flow" or "limit"), and the
 # step size, which the limit has not either
 GD_ONLY = ("steps", "record_every")
@@ -342,6 +344,8 @@ def _walk(model_name, kinds, observe=_run, skip=frozenset()):
             continue
         if s.kind not in kinds or name in skip:
             continue
+        if NEEDS.get(name, name) not in model.settings:  # a model without weight decay has no
+            continue  # converged limit (refused, saying so): nothing of it to change
         extra, new = _perturbed(s, base.get(name, s.default))
         b = {**base, **{k: v for k, v in extra.items() if k in model.settings}}
         if s.requires:  # both sides with the setting it needs (else it is refused: below)
