@@ -328,7 +328,10 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
                         "s_ratio_neg": r"$\Sigma\mathfrak{S}$ clean / flipped (class −)",
                         "s_class_balance": r"$\Sigma\mathfrak{S}$ clean+ / clean−",
                         "s_ratio_obs_min": r"min over observed labels of $\Sigma\mathfrak{S}$ "
-                                           "clean / flipped"}.get(ratio, ratio))
+                                           "clean / flipped",
+                        "s_ratio_obs_pos": r"$\Sigma\mathfrak{S}$ clean / flipped (labelled +)",
+                        "s_ratio_obs_neg": r"$\Sigma\mathfrak{S}$ clean / flipped (labelled −)",
+                        }.get(ratio, ratio))
     axes[1].set_ylabel("test accuracy")
     axes[1].set_ylim(0.4, 1.02)
     for ax in axes:

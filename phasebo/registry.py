@@ -44,6 +44,9 @@ def check_model(model: Model, models: dict[str, Model] | None = None,
         raise TypeError(f"model registered as {key!r} is named {model.name!r}: its runs would be "
                         f"recorded as {model.name!r}; fix: name = {key!r} in its class, or "
                         f"register it as {model.name!r}")
+    if "project" in model.settings and not model.radii:
+        raise TypeError(f"{model.name} declares project but no radii: norm-constrained GD needs "
+                        "the radius settings in radii and the groups they bound in norm_groups")
     for e in model.engines:
         if e not in ENGINES:
             raise TypeError(f"{model.name}: unknown engine {e!r}")

@@ -14,7 +14,7 @@ import phasebo
 from phasebo import registry
 from phasebo.execute import matmul_precision
 from phasebo.models.base import Model
-from phasebo.settings import ConfigError
+from phasebo.settings import PROJECT, ConfigError
 from phasebo.sweep import prepare_one, run_one, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +131,13 @@ def test_a_broken_model_fails_at_registration():
 
     with pytest.raises(TypeError, match="abstract"):
         NoForward()
+
+    class ProjectWithoutRadii(MeanPoolModel):  # project = true would fail only at run time
+        name = "project_without_radii"
+        own_settings = (*PROJECT,)
+
+    with pytest.raises(TypeError, match="declares project but no radii"):
+        registry.check_model(ProjectWithoutRadii())
 
     class GramWithoutSpan(MeanPoolModel):
         name = "gram_without_span"
@@ -410,6 +417,10 @@ def test_every_static_setting_changes_the_traced_program(x64):
         names = _walk(model, ("static",), observe=_program, skip=done if i >= 2 else set())
         assert len(names) >= 1, model
         done |= set(names)
+    for model in (m for m in BASE if m not in STATIC_TOUR):  # a model's own static settings
+        rest = _static_names(model) - done
+        if rest:
+            done |= set(_walk(model, ("static",), observe=_program, skip=done))
     every = set().union(*(_static_names(m) for m in BASE))  # the models this walk covers
     assert done == every, f"static settings no model of the tour walks: {sorted(every - done)}"
 
