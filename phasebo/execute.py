@@ -514,6 +514,15 @@ def traced_columns(pl) -> set[str]:
     return cols
 
 
+def need_x64(dtypes) -> None:
+    """Refuse ``dtype = "float64"`` while 64-bit JAX is off: JAX would compute in float32 and
+    the results would say float64."""
+    if "float64" in dtypes and not _jax().config.jax_enable_x64:
+        raise ConfigError("dtype = \"float64\" needs 64-bit JAX; fix: run through `python -m "
+                          "phasebo.sweep` (it enables it), or jax.config.update(\"jax_enable_x64\", "
+                          "True) before the first run (or JAX_ENABLE_X64=1)")
+
+
 def prepare_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     """``(model, engine, program, swept values, key)`` of one run from a settings dict (its
     model's defaults filled in, validated as a sweep would); ``key`` overrides the
@@ -524,10 +533,7 @@ def prepare_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     own = C.check_cell(C.resolve(given), given)
     model = get_model(own["model"])
     static = model.static_of(own)
-    if static.dtype == "float64" and not jax.config.jax_enable_x64:  # else float32, unsaid
-        raise ConfigError("dtype = \"float64\" needs 64-bit JAX; fix: "
-                          "jax.config.update(\"jax_enable_x64\", True) before the first run "
-                          "(or JAX_ENABLE_X64=1)")
+    need_x64([static.dtype])
     engine = resolve_engine(model, static)
     program = engine.program(model, static)
     sw = {k: np.asarray([own[k]], np.float64) for k in model.swept}

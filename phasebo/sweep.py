@@ -32,6 +32,7 @@ from .execute import (  # noqa: F401 (the door: run_one)
     Abandoned,
     AbandonedCompile,
     Executor,
+    need_x64,
     prepare_one,
     run_one,
 )
@@ -39,7 +40,6 @@ from .grid import spec_run_ids
 from .notes import baseline_notes, label_noise_notes, record_notes
 from .plan import check_disk, plan
 from .registry import ENGINES
-from .settings import ConfigError
 from .store import (
     check_out_dir,
     clear_boundaries,
@@ -92,9 +92,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     out_dir = Path(out_dir) if out_dir is not None else Path("results") / spec.name
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
-    if any(v == "float64" for v in spec.values("dtype")) and not jax.config.jax_enable_x64:
-        raise ConfigError("dtype = \"float64\" needs 64-bit JAX; fix: run through `python -m "
-                          "phasebo.sweep` (it enables it) or set JAX_ENABLE_X64=1")
+    need_x64(spec.values("dtype"))
     check_out_dir(out_dir)
     pl = plan(spec, n_devices=n_devices, memory_budget=memory_budget, chunk_size=chunk_size,
               block_size=block_size)
