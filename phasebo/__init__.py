@@ -26,9 +26,6 @@ from .analysis import select as select
 from .analysis import wilson as wilson
 from .boundaries import boundaries as boundaries
 from .boundaries import crossings as crossings
-from .boundaries import exponents_over_steps as exponents_over_steps
-from .boundaries import fit_power_law as fit_power_law
-from .boundaries import power_law_row as power_law_row
 from .config import SweepSpec as SweepSpec
 from .config import load_sweep as load_sweep
 from .config import spec_from_dict as spec_from_dict
@@ -39,6 +36,9 @@ from .regimes import timeline as timeline
 from .registry import ENGINES as ENGINES
 from .registry import MODELS as MODELS
 from .results import load_results as load_results
+from .scaling import exponents_over_steps as exponents_over_steps
+from .scaling import fit_power_law as fit_power_law
+from .scaling import power_law_row as power_law_row
 from .settings import ConfigError as ConfigError
 from .settings import Setting as Setting
 

@@ -132,6 +132,12 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
     for p in _as_paths(paths):
         tp = _table_path(p, table)
         if not tp.exists():
+            rounds = sorted(tp.parent.glob("round-*"))
+            if rounds and (rounds[0] / tp.name).exists():  # a refined sweep: per round
+                raise ConfigError(f"{tp} does not exist: a refined sweep keeps each round's "
+                                  f"{table} in its round-*/ directory; fix: load those, e.g. "
+                                  f"{tp.parent}/round-* on the command line (in Python, "
+                                  f"pb.load(sorted(Path(dir).glob('round-*')), {table!r}))")
             hint = "; set record_every or record_log to record dynamics" if table == "dynamics" \
                 else ""
             raise ConfigError(f"{tp} does not exist: this sweep did not record {table}{hint}")
@@ -146,9 +152,30 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
                                                                          "model", "engine")]
     cols = [c for c in cols if c not in t.columns or c in ("source", "run_id")]
     t = t.merge(res.loc[keep, cols], on=["source", "run_id"], how="inner", validate="many_to_one")
+    if table == "dynamics":
+        t = _status_at_step(t, res.loc[keep])
     if attrs is not None:
         t.attrs["column_groups"] = attrs
     return t
+
+
+def _status_at_step(dyn: pd.DataFrame, res: pd.DataFrame) -> pd.DataFrame:
+    """A dynamics row's ``status`` is its run's at that step: a run that diverged (or a flow
+    left unsolved) at ``diverge_step`` was ``ok`` at the steps recorded before it, as its
+    regime there says; the run's final status holds from that step on."""
+    if "status" not in dyn.columns or "diverge_step" not in res.columns or STEP not in dyn.columns:
+        return dyn
+    div = dyn[["source", "run_id"]].merge(res[["source", "run_id", "diverge_step"]],
+                                          on=["source", "run_id"], how="left")["diverge_step"]
+    div = div.to_numpy(float)
+    before = (div >= 0) & (dyn[STEP].to_numpy(float) < div)
+    if before.any():
+        status = dyn["status"].astype(object).to_numpy().copy()
+        status[before] = "ok"
+        dyn["status"] = pd.Categorical(status, categories=dyn["status"].cat.categories
+                                       if isinstance(dyn["status"].dtype, pd.CategoricalDtype)
+                                       else None)
+    return dyn
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

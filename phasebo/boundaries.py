@@ -23,7 +23,8 @@ interval lies inside the gap, is ``"unresolved"``, and its interval holds that g
 A bootstrap replicate that drew no run of ``A`` (or of ``B``) has no boundary in the
 range: it counts as beyond the range on that regime's side (+-inf), so an interval the seeds
 cannot bound comes out infinite. A slice whose estimate lies in the range but whose interval the
-seeds cannot bound (infinite, or reaching 0 on a log axis: too few seeds) is ``"unbounded"``:
+seeds cannot bound (infinite, reaching 0 on a log axis or past the sampled ``x`` range, or from
+one seed, which has no spread to resample) is ``"unbounded"``:
 more seeds, not a finer grid, would place it (a ``"separated"`` slice keeps its status, with the
 open interval).
 
@@ -45,6 +46,7 @@ column with ``regime=``.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from statistics import NormalDist
 
@@ -54,7 +56,6 @@ import pandas as pd
 from .analysis import STEP, at_step, is_aggregate, setting_columns
 from .regimes import REGIME_ORDER
 from .settings import suggest
-from .theory import theory_exponent
 
 SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
                   "too_few")
@@ -138,6 +139,19 @@ def _t_quantile(p: float, nu: int) -> float:
         + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * nu**3)
 
 
+def _slice_rng(seed: int, key: tuple) -> np.random.Generator:
+    """The bootstrap's generator of one slice, from ``seed`` and the slice's key alone: a slice
+    gets the same interval whichever other slices (steps, sweeps) are fitted beside it."""
+    words = [float(v) if isinstance(v, (int, float, np.number)) else str(v) for v in key]
+    return np.random.default_rng([seed, zlib.crc32(repr(words).encode())])
+
+
+def _one_value(col: pd.Series) -> float:
+    """The value a slice's runs share (NaN when they differ: pooled on purpose with over)."""
+    v = pd.unique(col.astype(float))
+    return float(v[0]) if len(v) == 1 else np.nan
+
+
 def _seed_units(d: pd.DataFrame) -> np.ndarray:
     cols = [c for c in ("seed", "root_seed") if c in d.columns]
     if not cols:
@@ -215,15 +229,21 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
         # pure sides say something only with a few runs each (one run per x is always "pure"),
         # only matter when the interval does not already hold the gap, and only when no mixed x
         # value lies between them (an estimate on a sampled x)
-        pure = (est not in ts and min(len(yl), len(yr)) >= PURE_RUNS and np.ptp(yl) == 0
-                and np.ptp(yr) == 0
-                and yl[0] != yr[0] and not (lo <= below[-1] and hi >= above[0]))
+        sides = (est not in ts and min(len(yl), len(yr)) >= PURE_RUNS and np.ptp(yl) == 0
+                 and np.ptp(yr) == 0 and yl[0] != yr[0])
+        # an interval reaching past the sampled x is an extrapolation: the runs do not bound it
+        # where they were run; with pure sides the gap is what the data say (the grid is short)
+        past = not (t.min() <= lo and hi <= t.max())
+        pure = sides and (past or not (lo <= below[-1] and hi >= above[0]))
         if steep or pure:
             status = "unresolved"
             lo, hi = min(lo, below[-1]), max(hi, above[0])
+    # one seed has no spread to resample (a zero-width interval says nothing); an ok interval
+    # past the sampled x: more seeds would bound it (an unresolved one holds its grid gap)
+    beyond = U < 2 or (status == "ok" and not (t.min() <= lo and hi <= t.max()))
     with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
         est, lo, hi = float(back(est)), float(back(lo)), float(back(hi))
-    if status in ("ok", "unresolved") and not bounded(lo, hi, log):
+    if status in ("ok", "unresolved") and (beyond or not bounded(lo, hi, log)):
         status = "unbounded"  # too few seeds to bound it (e.g. 3): not placed, whatever the grid
     out.update(boundary=est, lo=lo, hi=hi, slope=float(c[0] / s), status=status,
                pseudo_r2=float(1 - ll[0] / ll0[0]) if ll0[0] < 0 else np.nan)
@@ -242,8 +262,9 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     (runs of ``A`` or ``B``), ``n_a``, ``n_b``, ``n_other``, ``n_seeds``, ``n_x`` (distinct ``x``
     values), ``slope`` (d logit / d log x), ``pseudo_r2`` (McFadden), ``status`` (one of
     ``ok``, ``unresolved``, ``separated``, ``unbounded``, ``outside_range``, ``all_A``, ``all_B``,
-    ``too_few``), ``x`` and
-    ``between``. A setting other than ``x``, ``y``, ``by`` and the seed that varies inside a slice
+    ``too_few``), ``x``, ``between``, ``fitting`` and the horizon: ``steps`` and ``time`` shared
+    by the slice's runs (NaN where they differ; on a dynamics table ``step`` is a slice key and
+    ``time`` its flow time). A setting other than ``x``, ``y``, ``by`` and the seed that varies inside a slice
     is an error (the fit would pool it) unless it is named in ``over`` or ``x`` determines it one
     to one (``d`` along ``x = "snr"`` at a fixed signal norm).
 
@@ -298,8 +319,18 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
                          f"({', '.join(map(str, pd.unique(df[x])[:1]))}): a boundary along it "
                          "needs several; fix: x names an axis that varies"
                          + (f" ({', '.join(axes)})" if axes else ""))
+    if not pd.api.types.is_numeric_dtype(df[x]):
+        raise ValueError(f"x = {x!r} is not numeric ({', '.join(map(str, pd.unique(df[x])[:3]))}"
+                         "): a boundary lies along a numeric axis; fix: x names a numeric axis "
+                         f"and {x} goes in y or by")
     if "status" in df.columns:
-        df = df[df["status"].astype(str) == "ok"]
+        status = df["status"].astype(str)
+        if not (status == "ok").any():
+            counts = ", ".join(f"{k} {v}" for k, v in status.value_counts().items())
+            raise ValueError(f"boundaries: none of the {len(df)} runs is ok ({counts}): a fit "
+                             "needs runs that finished; fix: a smaller lr or fewer steps, or, "
+                             "on a dynamics table, an earlier --step")
+        df = df[status == "ok"]
     if fitting == "not_overfitting":
         if "fitting" in between:
             raise ValueError("between names 'fitting', which fitting = 'not_overfitting' counts "
@@ -331,12 +362,16 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
         log = bool((df[x] > 0).all())
     if log and (df[x] <= 0).any():
         raise ValueError(f"log = True needs {x} > 0; fix: log=False")
-    rng = np.random.default_rng(seed)
+    # the horizon of each slice: its runs' steps and time (a dynamics table's step is a key)
+    horizon = [c for c in (("time",) if STEP in df.columns else ("steps", "time"))
+               if c in df.columns and c not in (x, *keys)]
     rows = []
     for key, d in df.groupby(keys, sort=True, observed=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         rows.append({**dict(zip(keys, key)),
-                     **_slice(d, x, regime, tuple(between), log, n_boot, level, rng)})
+                     **{c: _one_value(d[c]) for c in horizon},
+                     **_slice(d, x, regime, tuple(between), log, n_boot, level,
+                              _slice_rng(seed, key))})
     out = pd.DataFrame(rows)
     if out.empty:
         return out
@@ -415,186 +450,3 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
     out["x"] = x
     out["between"] = f"{value}={level:g}"
     return out
-
-
-def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float = 0.95,
-                  exponent: float | None = None) -> dict:
-    """Fit ``y = prefactor · x^exponent`` to the rows of ``b`` with a finite ``y`` (by default the
-    output of :func:`boundaries`, whose ``lo``/``hi`` weight the points).
-
-    Returns ``exponent``, ``lo``, ``hi`` (its ``level`` interval), ``prefactor``, ``n_points``
-    and ``chi2_dof`` (of the weighted residuals; > 1 when the points scatter more than their
-    CIs, and the interval is then widened by √chi2_dof). With ``exponent=`` given, only the
-    prefactor is fitted (the theory's curve with its constant fitted).
-    """
-    missing = [c for c in (x, y) if c not in b.columns]
-    if missing:
-        raise ValueError(f"fit_power_law: no column {missing[0]!r} in the boundary table; its "
-                         f"columns: {', '.join(map(str, b.columns))}")
-    if STEP in b.columns and x != STEP and len(b) and b.groupby(x)[STEP].nunique().max() > 1:
-        raise ValueError(f"fit_power_law: the table holds boundaries at {b[STEP].nunique()} "
-                         f"recorded steps for the same {x}, which one fit would pool; fix: "
-                         f"b[b.{STEP} == S] for one step, or exponents_over_steps(b, {x!r}) for "
-                         "each")
-    ok = b[np.isfinite(b[y].to_numpy(float))]
-    if "status" in ok.columns:
-        ok = ok[ok["status"].astype(str).isin(("ok", "unresolved", "separated"))]
-    if {"lo", "hi"} <= set(ok.columns):  # an unbounded interval has no weight to give the fit
-        ok = ok[bounded(ok["lo"], ok["hi"], log=True)]
-    X = np.log(ok[x].to_numpy(float))
-    Y = np.log(ok[y].to_numpy(float))
-    z = NormalDist().inv_cdf(0.5 + level / 2)
-    if {"lo", "hi"} <= set(ok.columns):
-        lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
-        good = (lo_ > 0) & (hi_ > 0)  # an interval reaching 0 has no width on log axes
-        sd = np.full(len(ok), np.nan)
-        # the points' own interval level (boundaries' ``level``; 95 % when the table lacks it)
-        lv = ok["ci_level"].to_numpy(float) if "ci_level" in ok.columns else np.full(len(ok), .95)
-        zb = np.array([NormalDist().inv_cdf(0.5 + v / 2) for v in lv])
-        sd[good] = (np.log(hi_[good]) - np.log(lo_[good])) / (2 * zb[good])
-        sd = np.where(np.isfinite(sd) & (sd > 0), sd, np.nan)
-        sd = np.where(np.isnan(sd), np.nanmedian(sd) if np.isfinite(sd).any() else 1.0, sd)
-        sd = np.maximum(sd, 1e-6)
-    else:
-        sd = np.ones(len(X))
-    k = len(X)
-    need = 1 if exponent is not None else 2
-    if k < need:
-        raise ValueError(f"fit_power_law needs at least {need} finite boundaries; got {k}")
-    w = 1.0 / sd**2
-    if exponent is not None:
-        c0 = float(np.sum(w * (Y - exponent * X)) / w.sum())
-        res = Y - c0 - exponent * X
-        dof = max(k - 1, 1)
-        return {"exponent": float(exponent), "lo": float(exponent), "hi": float(exponent),
-                "prefactor": math.exp(c0), "n_points": k,
-                "chi2_dof": float(np.sum(w * res**2) / dof)}
-    A = np.column_stack([np.ones(k), X])
-    cov = np.linalg.inv(A.T @ (A * w[:, None]))
-    beta = cov @ (A.T @ (w * Y))
-    res = Y - A @ beta
-    chi2_dof = float(np.sum(w * res**2) / (k - 2)) if k > 2 else float("nan")
-    scale = max(1.0, chi2_dof) if np.isfinite(chi2_dof) else 1.0
-    se = math.sqrt(cov[1, 1] * scale)
-    return {"exponent": float(beta[1]), "lo": float(beta[1] - z * se),
-            "hi": float(beta[1] + z * se), "prefactor": math.exp(beta[0]), "n_points": k,
-            "chi2_dof": chi2_dof}
-
-
-MIN_FIT_POINTS = 3  # fewer resolved slices than this give no exponent worth stating
-SCATTER = 4.0  # chi2/dof above this: one power law does not describe the boundary
-
-
-def exponents_over_steps(b: pd.DataFrame, y: str) -> pd.DataFrame:
-    """The power-law fit of :func:`boundaries` rows at each recorded step (a boundary
-    trajectory): ``step``, ``n_slices``, ``n_found`` (the slices a power law may go through,
-    :func:`resolved`), ``exponent``, ``lo``, ``hi``, ``chi2_dof`` (NaN where fewer than
-    :data:`MIN_FIT_POINTS` slices were found) and ``status``, the fit's verdict
-    (:func:`power_law_row`)."""
-    x = str(b["x"].iloc[0]) if "x" in b.columns and len(b) else ""
-    rows = []
-    for step, g in b.groupby(STEP, sort=True):
-        fit = power_law_row(g, x, y)
-        rows.append({STEP: int(step), "n_slices": len(g), "n_found": fit["n_points"],
-                     **{k: fit[k] for k in ("exponent", "lo", "hi", "chi2_dof", "status")}})
-    return pd.DataFrame(rows)
-
-
-FIT_STATUSES = ("ok", "scattered", "grid_limited", "too_few_slices")
-
-
-def resolved(b: pd.DataFrame, y: str | None = None) -> pd.DataFrame:
-    """The slices a power law may go through: a finite boundary of status ok, unresolved or
-    separated, with a bounded interval (an unbounded one would weigh as much as the median point)
-    and, for ``y``, a positive slice value (log y)."""
-    keep = np.isfinite(b["boundary"].to_numpy(float)) & b["status"].astype(str).isin(
-        ("ok", "unresolved", "separated"))
-    if {"lo", "hi"} <= set(b.columns):  # the fit is on log axes
-        keep &= bounded(b["lo"], b["hi"], log=True)
-    if y is not None and y in b.columns:
-        keep &= b[y].to_numpy(float) > 0
-    return b[keep]
-
-
-def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
-    """The power-law fit of a boundary table as one row, with its verdict: ``status`` is
-    ``too_few_slices`` (fewer than :data:`MIN_FIT_POINTS` resolved slices: no exponent is
-    stated), ``scattered`` (χ²/dof above :data:`SCATTER`: the slices scatter about the fit more
-    than their intervals allow, so one power law does not describe the boundary),
-    ``grid_limited`` (no slice is ``ok``: every boundary is only bracketed by the grid, so the
-    exponent is that of gap midpoints; refine the grid) or ``ok``;
-    ``theory_exponent`` and ``theory_prefactor`` (its constant fitted) where a theory applies."""
-    usable = resolved(b, y)
-    th = theory_exponent(x, y)
-    row = {"between": str(b["between"].iloc[0]) if len(b) and "between" in b.columns else "",
-           "x": x, "slice": y,
-           "n_slices": len(b), "n_points": len(usable), "exponent": np.nan, "lo": np.nan,
-           "hi": np.nan, "prefactor": np.nan, "chi2_dof": np.nan,
-           "theory_exponent": th[0] if th else np.nan, "theory_prefactor": np.nan,
-           "status": "too_few_slices"}
-    if len(usable) < MIN_FIT_POINTS:
-        return row
-    fit = fit_power_law(usable, y)
-    row.update({k: fit[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof")})
-    if not np.isfinite(fit["exponent"]):
-        row["status"] = "too_few_slices"
-        return row
-    row["status"] = "scattered" if fit["chi2_dof"] > SCATTER else "ok"
-    if (usable["status"].astype(str) != "ok").all():
-        # every slice only bracketed by the grid: the fit runs through gap midpoints
-        row["status"] = "grid_limited"
-    if th:
-        row["theory_prefactor"] = fit_power_law(usable, y, exponent=th[0])["prefactor"]
-    return row
-
-
-def summary(b: pd.DataFrame, x: str, y: str) -> str:
-    """A short text: the boundaries found, the power-law fit and the theory's exponent (at each
-    recorded step, for a boundary trajectory)."""
-    rule = "" if "fitting" not in b.columns or not len(b) else \
-        " (runs still fitting counted as not overfitting)" \
-        if b["fitting"].iloc[0] == "not_overfitting" else " (runs still fitting left apart)"
-    if STEP in b.columns:
-        k = b[STEP].nunique()
-        lines = [f"boundary {b['between'].iloc[0]} along {x} per {y}{rule}, at {k} recorded "
-                 f"step{'s' if k != 1 else ''}:"]
-        for _, r in exponents_over_steps(b, y).iterrows():
-            fit = (f"exponent {r['exponent']:.3f} (95% CI {r['lo']:.3f} .. {r['hi']:.3f}, "
-                   f"chi2/dof {r['chi2_dof']:.2f})" if np.isfinite(r["exponent"])
-                   else f"no fit (fewer than {MIN_FIT_POINTS} slices)")
-            if r["chi2_dof"] > SCATTER:
-                fit += " — scattered: one power law does not describe it"
-            if r["status"] == "grid_limited":
-                fit += (" — grid-limited: no slice places its boundary, so the exponent is that "
-                        "of grid-gap midpoints and says little")
-            lines.append(f"  step {int(r[STEP])}: {int(r['n_found'])} of {int(r['n_slices'])} "
-                         f"slices found; {fit}")
-        return "\n".join(lines)
-    counts = b["status"].astype(str).value_counts()
-    lines = [f"boundary {b['between'].iloc[0]} along {x}{rule}, {len(b)} slices of {y}: "
-             + ", ".join(f"{k} {v}" for k, v in counts.items() if v)]
-    row = power_law_row(b, x, y)
-    if row["status"] == "too_few_slices":
-        lines.append(f"no power-law fit: {row['n_points']} resolved slices with bounded "
-                     f"intervals, fewer than {MIN_FIT_POINTS}")
-        return "\n".join(lines)
-    fit = {k: row[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof", "n_points")}
-    lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f} "
-                 f"(95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; {fit['n_points']} points, "
-                 f"chi2/dof {fit['chi2_dof']:.2f})")
-    if fit["chi2_dof"] > SCATTER:  # also when grid-limited: both are said
-        lines.append(f"warning: the boundaries scatter about their fit {fit['chi2_dof']:.1f} "
-                     "times more than their intervals allow: one power law does not describe "
-                     "this boundary (it bends, or the slices differ)")
-    if row["status"] == "grid_limited":
-        lines.append("warning: no slice places its boundary (all separated or unresolved): the "
-                     "fit runs through the midpoints of grid gaps, so its exponent says little; "
-                     "fix: refine the grid around the boundary (phasebo sweep --refine)")
-        return "\n".join(lines)
-    th = theory_exponent(x, y)
-    if th is not None:
-        inside = fit["lo"] <= th[0] <= fit["hi"]
-        lines.append(f"theory: exponent {th[0]:+g} ({th[1]}); "
-                     + ("inside the CI" if inside else "outside the CI"))
-    return "\n".join(lines)
-

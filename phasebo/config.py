@@ -92,7 +92,8 @@ def expand_range(name: str, spec: Mapping, where: str = "") -> list:
         step = spec["step"]
         if not isinstance(step, (int, float)) or not step or (stop - start) / step < 0:
             raise ConfigError(f"{where}{name}: range step {step!r} does not lead from {start!r} "
-                              f"to {stop!r}")
+                              f"to {stop!r}; fix: step = {-step if step else 1!r} (or swap start "
+                              "and stop)")
         count = int(math.floor((stop - start) / step + 1e-9)) + 1
         # round away float drift such as 5 + 3 * 2.5 = 12.499999
         vals = [round(start + i * step, 12) for i in range(count)]
@@ -289,7 +290,8 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
         else:
             coerced = [s.coerce(v, w) for v in vals]
             if len(set(map(repr, coerced))) != len(coerced):
-                raise ConfigError(f"{w}axis {key!r} repeats a value: {vals!r}")
+                raise ConfigError(f"{w}axis {key!r} repeats a value: {vals!r}; fix: list each "
+                                  "value once (more seeds: --seeds)")
             axes[key] = coerced
             fixed.pop(key, None)
         origin[key] = section

@@ -142,23 +142,27 @@ def tracked_default(batch: Batch) -> tuple[jax.Array, jax.Array]:
     return jnp.argmax(~batch.flipped), jnp.argmax(batch.flipped)
 
 
-def tracked_token_metrics(s, a, track, logits: bool = True) -> dict:
+def tracked_token_metrics(s, a, track, logits: bool = True, present=None) -> dict:
     """Softmax weight (and logit) of every token of the tracked samples.
 
     ``track``: ``None`` for the first clean and the first flipped sample (columns
     ``attn_clean_t{k}``, ``attn_noisy_t{k}``), else a tuple of sample indices (columns
-    ``attn_i{idx}_t{k}``); ``s, a: (n, T)``.
+    ``attn_i{idx}_t{k}``); ``s, a: (n, T)``. ``present``: for the default pair, whether the run
+    has a clean and a flipped sample at all; an absent one's columns are NaN (a run without
+    label noise has no flipped sample to follow, and index 0 is a clean one).
     """
     out = {}
     if isinstance(track, tuple) and track and isinstance(track[0], int):
-        names = [(f"i{i}", i) for i in track]
+        names = [(f"i{i}", i, None) for i in track]
     else:
-        names = [("clean", track[0]), ("noisy", track[1])]
+        has = (None, None) if present is None else present
+        names = [("clean", track[0], has[0]), ("noisy", track[1], has[1])]
     for t in range(s.shape[-1]):
-        for name, i in names:
-            out[f"attn_{name}_t{t}"] = s[i, t]
+        for name, i, ok in names:
+            out[f"attn_{name}_t{t}"] = s[i, t] if ok is None else jnp.where(ok, s[i, t], jnp.nan)
             if logits:
-                out[f"logit_{name}_t{t}"] = a[i, t]
+                out[f"logit_{name}_t{t}"] = a[i, t] if ok is None else \
+                    jnp.where(ok, a[i, t], jnp.nan)
     return out
 
 

@@ -235,9 +235,10 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     recorded step (log axis), with its interval; ``b`` is :func:`phasebo.boundaries` on a
     dynamics table (a ``step`` column). ``slices``: the ``y`` values to draw (default: up to six,
     spread over those with a boundary)."""
+    from .scaling import resolved
+
     fig, ax = _new(ax, figsize=(6.8, 4.6))
-    ok = b[np.isfinite(b["boundary"].to_numpy(float))
-           & b["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+    ok = resolved(b)  # the slices the text calls found: placed, with a bounded interval
     vals = np.sort(ok[y].unique())
     if slices is None and len(vals) > 6:
         vals = vals[np.unique(np.round(np.linspace(0, len(vals) - 1, 6)).astype(int))]
@@ -262,7 +263,7 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     ax.set_ylabel(f"boundary {_label(x)}")
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time "
-                 f"(95% CI over {n_seeds} seeds)", fontsize=10)
+                 f"(95% CI over {n_seeds} seeds; slices with a bounded interval)", fontsize=10)
     if len(vals):
         ax.legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, ax
@@ -519,7 +520,7 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
                     elinewidth=1, capsize=2, label=f"boundary {between} (95% CI)", zorder=5)
     if not has.all():
         ax.plot(bx[~has], yv[~has], "o", ms=4, mfc="none", color=color, zorder=5,
-                label=f"boundary {between}, interval unbounded (too few seeds)")
+                label=f"boundary {between}, interval unbounded (too few seeds, or past the grid)")
     ys = np.geomspace(yv.min(), yv.max(), 100) if (yv > 0).all() else np.linspace(yv.min(),
                                                                                    yv.max(), 100)
     if fit is not None:
@@ -542,7 +543,7 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
 def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: str | None = None):
     """The regime map of ``runs`` (refined grids drawn row by row) with the boundaries ``b``,
     their power-law fit and the theory's exponent on top."""
-    from .boundaries import power_law_row
+    from .scaling import power_law_row
 
     fig, ax = regime_map(runs, x, y, title=title)
     if title is None and "fitting" in b.columns and len(b) and \

@@ -3,6 +3,7 @@ projections and 𝔖 ratios. Re-exported by :mod:`phasebo.plot`, whose style hel
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -11,6 +12,7 @@ from matplotlib.lines import Line2D
 
 from . import analysis as A
 from . import theory as TH
+from .plot_grid import settings_text
 from .plot_style import ROLE_COLORS, ROLE_LABELS, _label, _new, _plain_log, _short, plt
 
 
@@ -83,6 +85,8 @@ def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping
     names = list(samples or tracked_names(d))
     if not names:
         raise KeyError("attention_dynamics: the table has no attn_*_t* columns (record dynamics)")
+    if samples is None:  # a sample the run does not have (no flipped one without label noise)
+        names = [g for g in names if d[f"attn_{g}_t0"].notna().any()] or names
     own = axes is None
     if axes is None:
         fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.8), sharey=True,
@@ -112,8 +116,10 @@ def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping
         n_runs = len(sel[keys].drop_duplicates()) if run is None else 1
         own_reg = (f"; this run {str(d['regime'].iloc[-1]).replace('_', ' ')} at step "
                    f"{int(d['step'].iloc[-1])}") if "regime" in d.columns else ""
-        fig.suptitle(f"attention per token ({_run_title(d)}{own_reg})"
-                     + (f" — 1 of the cell's {n_runs} runs" if n_runs > 1 else ""), fontsize=10)
+        text = (f"attention per token ({_run_title(d)}{own_reg})"
+                + (f" — 1 of the cell's {n_runs} runs" if n_runs > 1 else ""))
+        # wrapped to the figure's width (one panel: ~5 inches, ~75 characters at 10 pt)
+        fig.suptitle(textwrap.fill(text, int(14 * fig.get_figwidth())), fontsize=10)
     return fig, np.asarray(axes)
 
 
@@ -216,11 +222,14 @@ def gap_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, axes=None, n_r
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
     fig = axes[0].figure
+    flipped = gaps["gamma_min"].notna().any()  # no flipped sample without label noise
     _band(axes[0], gaps, "lambda_min", "#2a9d8f", "Λ (clean: relevant − others)")
-    _band(axes[0], gaps, "gamma_min", "#e63946", "Γ (flipped: winner − others)")
+    if flipped:
+        _band(axes[0], gaps, "gamma_min", "#e63946", "Γ (flipped: winner − others)")
     axes[0].axhline(np.log(T), color="k", lw=0.8, ls=":", label="log T")
     _band(axes[1], gaps, "g_lambda", "#2a9d8f", "g(Λ)")
-    _band(axes[1], gaps, "g_gamma", "#e63946", "g(Γ)")
+    if flipped:
+        _band(axes[1], gaps, "g_gamma", "#e63946", "g(Γ)")
     axes[0].set_ylabel("attention gap (logits)")
     axes[1].set_ylabel("g(gap) = 2x + 2 sinh(x − log T)")
     for ax in axes:
@@ -311,9 +320,12 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
     fig = axes[0].figure
-    colors = plt.get_cmap("tab10").colors
-    for i, (lab, sub) in enumerate(_hue_groups(runs, hue)):
-        c = colors[i % 10]
+    groups = list(_hue_groups(runs, hue))
+    # more lines than tab10 has colours: an ordered map, so no two lines share a colour
+    colors = plt.get_cmap("tab10").colors if len(groups) <= 10 else \
+        plt.get_cmap("viridis")(np.linspace(0, 0.95, len(groups)))
+    for i, (lab, sub) in enumerate(groups):
+        c = colors[i]
         for ax, col in ((axes[0], ratio), (axes[1], "test_acc")):
             g = sub.groupby(x)[col]
             m, lo, hi = g.mean(), g.min(), g.max()
@@ -336,8 +348,13 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
     axes[1].set_ylim(0.4, 1.02)
     for ax in axes:
         ax.set_xlabel(_label(x))
-        if any(ax.get_legend_handles_labels()[1]):
-            ax.legend(fontsize=7)
+    if any(axes[1].get_legend_handles_labels()[1]):  # one legend, beside the panels: inside
+        # either it hid the curves
+        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                       ncol=1 if len(groups) <= 14 else 2, frameon=False)
     axes[0].set_title(r"$\mathfrak{S}$ ratio (mean over seeds, band min–max)", fontsize=10)
     axes[1].set_title("test accuracy", fontsize=10)
+    fixed = settings_text(runs, skip=(x, *hue))
+    if fixed and len(axes) == 2 and axes[0].figure is fig:
+        fig.suptitle(fixed, fontsize=10)
     return fig, np.asarray(axes)

@@ -71,11 +71,11 @@ def _cells(df: pd.DataFrame, where, x=None, y=None) -> pd.DataFrame:
     if others:
         raise ValueError(slice_hint(df, others[0], x, y))
     cells = A.aggregate(df, by=[c for c in (x, y) if c is not None])
-    if x is not None and y is not None and not is_grid(cells, x, y):
-        raise ValueError(f"only {len(cells)} ({x}, {y}) cells were run, one per row of the "
-                         f"{cells[x].nunique()} x {cells[y].nunique()} grid (a [[cases]] sweep): "
-                         "a map would colour cells that never ran; fix: draw the cases "
-                         "(phasebo.plot.cases_figure) or their dynamics")
+    if x is not None and y is not None and not is_grid(cells, x, y, "round" in df.columns):
+        raise ValueError(f"only {len(cells)} of the {cells[x].nunique()} x {cells[y].nunique()} "
+                         f"({x}, {y}) cells were run (not {missing_cells(cells, x, y)}; a "
+                         "[[cases]] sweep): a map would colour cells that never ran; fix: draw "
+                         "the cases (phasebo.plot.cases_figure) or their dynamics")
     cells.attrs["settings"] = text
     return cells
 
@@ -195,13 +195,26 @@ def facet_slices(df: pd.DataFrame, facets: Sequence[str]) -> list[dict]:
             for row in combos.itertuples(index=False)]
 
 
-def is_grid(cells: pd.DataFrame, x: str, y: str) -> bool:
-    """Whether the ``(x, y)`` cells that were run tile a map: every pair of the grid, or every
-    row with at least two ``x`` values (a refined grid, whose rows hold their own values). The
-    cells of a ``[[cases]]`` sweep (one per row) do not: a map would colour cells never run."""
+def is_grid(cells: pd.DataFrame, x: str, y: str, refined: bool | None = None) -> bool:
+    """Whether the ``(x, y)`` cells that were run tile a map: every pair of the grid, or, for a
+    refined grid (``refined``; default: the table has the refinement's ``round`` column), every
+    row with at least two ``x`` values (its rows hold their own values, each cell drawn out to
+    its neighbours'). Any other hole (a ``[[cases]]`` sweep) does not: a map would colour cells
+    never run."""
     pairs = cells[[x, y]].drop_duplicates()
     full = len(pairs) == cells[x].nunique() * cells[y].nunique()
-    return bool(full or pairs.groupby(y)[x].nunique().min() >= 2)
+    if refined is None:
+        refined = "round" in cells.columns
+    return bool(full or (refined and pairs.groupby(y)[x].nunique().min() >= 2))
+
+
+def missing_cells(cells: pd.DataFrame, x: str, y: str) -> str:
+    """The ``(x, y)`` pairs of the grid that no run has (a few, for a message)."""
+    have = set(map(tuple, cells[[x, y]].drop_duplicates().to_numpy().tolist()))
+    gone = [(a, b) for b in sorted(cells[y].unique()) for a in sorted(cells[x].unique())
+            if (a, b) not in have]
+    shown = ", ".join(f"({_num(a)}, {_num(b)})" for a, b in gone[:3])
+    return shown + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
 
 
 def _label_room(axis, vals) -> float:

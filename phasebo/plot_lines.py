@@ -32,8 +32,10 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     if cells is None:
         cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
     fig, ax = _new(ax, (6.0, 4.0))
-    colors = plt.get_cmap("tab10").colors
-    groups = cells.groupby(list(hue), sort=True) if hue else [((), cells)]
+    groups = list(cells.groupby(list(hue), sort=True)) if hue else [((), cells)]
+    # more lines than tab10 has colours: an ordered map, so no two lines share a colour
+    colors = plt.get_cmap("tab10").colors if len(groups) <= 10 else \
+        plt.get_cmap("viridis")(np.linspace(0, 0.95, len(groups)))
     for i, (key, sub) in enumerate(groups):
         sub = sub.sort_values(x)
         xv = sub[x].to_numpy(float)
@@ -42,7 +44,7 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         key = key if isinstance(key, tuple) else (key,)
         lab = ", ".join(f"{_short(h)}={_num(k) if isinstance(k, (int, float, np.number)) else k}"
                         for h, k in zip(hue, key)) or None
-        c = colors[i % 10]
+        c = colors[i]
         ax.plot(xv, m, "o-", color=c, ms=3, lw=1.6, label=lab)
         ax.fill_between(xv, m - se, m + se, color=c, alpha=0.2, lw=0)
     logx = _auto_log(x, cells[x].to_numpy(float)) if logx is None else logx
@@ -55,8 +57,11 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         ax.legend(fontsize=7)
     k = cells["n_seeds"] if A.is_aggregate(runs) else A.finite_counts(runs, [x, *hue], value)
     text = settings_text(runs, skip=(x, *hue))
+    failed = 0 if A.is_aggregate(runs) or "status" not in runs.columns else \
+        int((runs["status"].astype(str) != "ok").sum())
     ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
-                 + (f"\n{text}" if text else ""), fontsize=10)
+                 + (f" ({failed} failed run{'s' if failed != 1 else ''} left out)" if failed
+                    else "") + (f"\n{text}" if text else ""), fontsize=10)
     return fig, ax
 
 
@@ -95,7 +100,9 @@ def regime_shares(df: pd.DataFrame, x: str, ax=None, where: Mapping | None = Non
         ax.legend(fontsize=7)
     k = cells["n_ok"]
     text = settings_text(runs, skip=(x,))
+    failed = int(cells["n_failed"].sum())
     ax.set_title(title or f"regime shares (Wilson 95 % band) over "
-                 f"{_seeds(int(k.min()), int(k.max()))}" + (f"\n{text}" if text else ""),
-                 fontsize=10)
+                 f"{_seeds(int(k.min()), int(k.max()))}"
+                 + (f" ({failed} failed run{'s' if failed != 1 else ''} left out)" if failed
+                    else "") + (f"\n{text}" if text else ""), fontsize=10)
     return fig, ax

@@ -113,7 +113,7 @@ def hue_of(h: Mapping) -> list[str]:
     return [hue] if isinstance(hue, str) else list(hue or [])
 
 
-def _cells_table(spec, limit: int = 200_000) -> pd.DataFrame | None:
+def cells_table(spec, limit: int = 200_000) -> pd.DataFrame | None:
     """One row per cell of ``spec`` (its settings and swept values, with the derived columns;
     no seeds): the table the line plots will slice, known before anything runs. ``None`` past
     ``limit`` cells."""
@@ -157,7 +157,7 @@ def _check_cells(spec, plot: Mapping) -> None:
     sweep as its file has it: an axis ``--set`` adds gets its own lines (or files) when drawn,
     and a value ``--set`` leaves out skips its figure then, saying so."""
     filed = getattr(spec, "filed", None) or spec
-    table = _cells_table(filed)
+    table = cells_table(filed)
     if table is None:
         return
     entries = [("heatmaps", i, h) for i, h in enumerate(plot.get("heatmaps", []))] + \
@@ -208,6 +208,13 @@ STATS = ("mean", "se", "min", "max")  # the seed statistics a map can draw (anal
 
 def _check_colours(h: Mapping, w: str) -> None:
     """A heatmap entry's ``stat``, ``vmin`` / ``vmax`` and ``cmap``, before anything runs."""
+    if h.get("value") == "regime":
+        given = [k for k in ("stat", "vmin", "vmax", "cmap") if k in h]
+        if given:
+            raise ConfigError(f"{w}{given[0]} = {h[given[0]]!r} has no effect on a regime map "
+                              "(its colours are the regimes', each cell its seeds' majority); "
+                              f"fix: leave {given[0]} out (it is for a numeric value, e.g. "
+                              "value = \"test_acc\")")
     if "stat" in h and h["stat"] not in STATS:
         raise ConfigError(f"{w}stat = {h['stat']!r} is not a seed statistic; fix: one of "
                           + ", ".join(STATS))

@@ -42,8 +42,9 @@ import numpy as np
 import pandas as pd
 
 from . import config as C
-from .boundaries import boundaries, summary
+from .boundaries import boundaries
 from .regimes import REGIME_ORDER
+from .scaling import summary
 from .settings import ConfigError, suggest
 from .store import clear_boundaries, hold_dir, said_cleared, tables_digest
 

@@ -147,10 +147,12 @@
       const layout = {title: {text: D.slice_text[k] || "regime", font: {size: 13}},
         margin: {l: 60, r: 30, t: 36, b: 50}, showlegend: false,
         modebar: {orientation: "v"},  // beside the plot: across the top it hid a small panel's title
-        xaxis: {title: {text: label(D.x)}, ...ticks(D.xs), range: [-0.5, D.xs.length - 0.5]},
+        // cells sit at index positions: plotly's zero line would run along the first row
+        xaxis: {title: {text: label(D.x)}, ...ticks(D.xs), range: [-0.5, D.xs.length - 0.5],
+                zeroline: false},
         yaxis: D.y ? {title: {text: label(D.y)}, ...ticks(D.ys),
-                      range: [-0.5, D.ys.length - 0.5]}
-                   : {showticklabels: false, range: [-0.5, 0.5]}};
+                      range: [-0.5, D.ys.length - 0.5], zeroline: false}
+                   : {showticklabels: false, range: [-0.5, 0.5], zeroline: false}};
       Plotly.newPlot(div, [heat, ...boundaryTraces(k)], layout,
                      {displaylogo: false, responsive: false});
       div.on("plotly_click", (ev) => {

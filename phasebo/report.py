@@ -121,7 +121,7 @@ def map_figures(df, h: Mapping, name: str, cache: dict | None = None) -> list[tu
         key = (x, y, repr(sorted(where.items())))
         if key not in cache:
             cells = A.aggregate(sel, by=[x, y])
-            if not P.is_grid(cells, x, y):
+            if not P.is_grid(cells, x, y, "round" in sel.columns):
                 P.regime_map(sel, x, y)  # raises the refusal with its reason
             cache[key] = cells
         return [(_map(cache[key], {k: v for k, v in h.items() if k != "where"})[0], name)]
@@ -177,8 +177,11 @@ def _retarget(df, h: Mapping, kind: str, i: int, quiet: bool = False) -> tuple[s
                      "value": value if value != "regime" or shares else "test_acc",
                      "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, "line"
     else:
+        within = " within its where (" + ", ".join(f"{k} = {v}" for k, v in h["where"].items()) \
+            + ")" if h.get("where") else ""
         print(f"phasebo.plot: [plot] {kind} #{i + 1} ({value}): {', '.join(fixed)} is the only "
-              "value in this sweep and no other axis varies; nothing to draw", file=sys.stderr)
+              f"value in this sweep and no other axis varies{within}; nothing to draw",
+              file=sys.stderr)
         return None
     what = f"{new['y']} vs {new['x']}" if kind == "heatmap" else \
         f"as the regime shares against {new['x']}" if new["value"] == "regime" else \
@@ -188,6 +191,28 @@ def _retarget(df, h: Mapping, kind: str, i: int, quiet: bool = False) -> tuple[s
               f"value in this sweep (fixed in the file or by --set), so it is drawn {what}",
               file=sys.stderr)
     return kind, new
+
+
+def plot_notes(spec) -> None:
+    """The notes the run will print for ``[plot]`` entries whose axes take one value (drawn over
+    the axes that vary instead), said by the dry run from the sweep's cells before anything
+    runs."""
+    from .plot_spec import cells_table
+
+    if not (spec.plot.get("heatmaps") or spec.plot.get("lines")):
+        return  # the default figures draw axes that vary, by construction
+    heat, lines = wanted_figures(spec)
+    table = cells_table(spec)
+    if table is None:
+        return
+    # the swept axes in the file's order, as the results table has them (ties of map_axes)
+    first = [a for a in spec.axes if a in table.columns]
+    table = table[first + [c for c in table.columns if c not in first]]
+    for i, (kind, h) in enumerate([("heatmap", h) for h in heat] + [("line", h) for h in lines]):
+        try:
+            _retarget(table, h, kind, i if kind == "heatmap" else i - len(heat))
+        except (ValueError, KeyError):  # a where the cells lack: the run says it, skipping
+            continue
 
 
 def _stem(kind: str, h: Mapping, used: set) -> str:
@@ -458,8 +483,8 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
         keys = [a for a in axes if a in dyn.columns]
         # every cell when there are few (a line per case or per value), else one per regime
         sel = pd.concat([A.select(dyn, w) for *_, w in reps]) if keys and n_cells > 6 else dyn
-        if n_cells > 6:
-            keys = keys[:3]
+        if n_cells > 6:  # a line per chosen cell: every axis that tells them apart names it
+            keys = [k for k in keys if sel[k].nunique(dropna=False) > 1] or keys[:1]
         fig, _ = P.accuracy_dynamics(sel, hue=keys or None)
         paths += P.save(fig, out / "accuracy_dynamics", formats, dpi)
     return paths

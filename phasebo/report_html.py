@@ -185,7 +185,7 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
         if a not in have or b not in have:
             continue
         try:
-            t = boundaries(runs, x, y, (a, b), by=facets, n_boot=200)
+            t = boundaries(runs, x, y, (a, b), by=facets)  # as `phasebo boundaries` gives it
         except ValueError:
             continue
         t = t[np.isfinite(t["boundary"].to_numpy(float))
@@ -213,7 +213,13 @@ def _manifest(results_dir: Path) -> dict:
     base = json.loads(first.read_text()) if first.exists() else {}
     # a refine.json of an earlier version may hold NaN, which the page's strict JSON cannot
     log = json.loads(refine.read_text(), parse_constant=lambda _: None)
-    return {**base, "name": results_dir.name, "refine": log}
+    # the counts and timings of round 0 are round 0's, said so; the rounds' log has the rest
+    spec, history = base.pop("spec", None), base.pop("history", [])
+    rounds = log.get("rounds", []) if isinstance(log, dict) else []
+    total = rounds[-1].get("total_runs") if rounds and isinstance(rounds[-1], dict) else None
+    return {"name": results_dir.name, "spec": spec, "history": history,
+            **({"n_runs": total} if total is not None else {}), "refine": log,
+            "round 0 (the sweep file's grid)": base}
 
 
 def report_data(results_dir, notes: bool = True) -> dict:

@@ -369,11 +369,14 @@ def tracked(static, batch: Batch):
 def recorder_fn(model, static, sw, metrics: Callable, batch: Batch) -> Callable:
     """``record_fn(m, f, s, a)``: the metrics plus the tracked samples' per-token attention."""
     track = tracked(static, batch)
+    present = None if getattr(static, "track", ()) else (jnp.any(~batch.flipped),
+                                                           jnp.any(batch.flipped))
 
     def record(m, f, s, a):
         out = metrics(m, f, s, a)
         logits = a[0] if isinstance(a, tuple) else a
-        out.update(tracked_token_metrics(s, logits, track, logits=model.track_logits))
+        out.update(tracked_token_metrics(s, logits, track, logits=model.track_logits,
+                                         present=present))
         return out
 
     return record

@@ -263,3 +263,22 @@ def test_aggregate_refuses_an_aggregate_and_the_regime_as_a_metric():
         A.aggregate(cells)
     with pytest.raises(ValueError, match="regime is a category"):
         A.aggregate(synthetic_runs(), metrics=["regime"])
+
+
+def test_a_dynamics_row_has_its_runs_status_at_that_step(tmp_path):
+    """A run that diverged at step 5 was ok at step 0: its dynamics rows before ``diverge_step``
+    are data (ok, counted in the aggregates and the maps at that step), from it on diverged; a
+    run that never diverged (-1) is ok at every step."""
+    runs = synthetic_runs()
+    runs["diverge_step"] = -1
+    runs.loc[runs["status"] == "diverged", "diverge_step"] = 5
+    d = tmp_path / "a"
+    d.mkdir()
+    runs.to_parquet(d / "results.parquet")
+    bad = int(runs.loc[runs["status"] == "diverged", "run_id"].iloc[0])
+    pd.DataFrame({"run_id": [bad, bad, bad, 0], "step": [0, 4, 5, 5],
+                  "test_acc": [0.5, 0.6, np.nan, 0.7]}).to_parquet(d / "dynamics.parquet")
+    dyn = pb.load_dynamics(d).set_index(["run_id", "step"])
+    assert [dyn.loc[(bad, s), "status"] for s in (0, 4, 5)] == ["ok", "ok", "diverged"]
+    assert dyn.loc[(0, 5), "status"] == "ok"
+    assert pb.aggregate(pb.load_dynamics(d), step=4)["n_ok"].sum() == 1

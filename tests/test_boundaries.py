@@ -12,8 +12,9 @@ import pytest
 
 import phasebo as pb
 from phasebo import config as C
-from phasebo.boundaries import boundaries, bounded, fit_power_law, summary
+from phasebo.boundaries import boundaries, bounded
 from phasebo.refine import parse_refine
+from phasebo.scaling import fit_power_law, summary
 from phasebo.settings import ConfigError
 
 DS = (250, 500, 1000, 2000, 4000, 8000)
@@ -388,3 +389,62 @@ def test_a_grid_limited_fit_is_said_at_every_recorded_step():
     assert "at 2 recorded steps" in text and text.count("grid-limited") == 2, text
     one = summary(b[b["step"] == 10], "m", "d")
     assert "at 1 recorded step:" in one and "grid-limited" in one
+
+
+def test_a_slice_gets_the_same_interval_whatever_is_fitted_beside_it():
+    """Each slice's bootstrap is seeded by the slice's key: the table of six slices and each
+    slice alone give one interval (the report, the command and a filtered table agree)."""
+    df = planted(np.random.default_rng(3), seeds=8)
+    both = boundaries(df, "signal_norm", "d").set_index("d")
+    for d in (500, 4000):
+        one = boundaries(df[df["d"] == d], "signal_norm", "d").set_index("d")
+        assert (one.loc[d, "lo"], one.loc[d, "hi"]) == (both.loc[d, "lo"], both.loc[d, "hi"])
+    other = boundaries(df, "signal_norm", "d", seed=1).set_index("d")
+    assert not np.allclose(other["lo"], both["lo"])  # the seed still matters
+
+
+def test_one_seed_or_an_interval_past_the_grid_is_unbounded():
+    """One seed has no spread to resample (its bootstrap interval has width 0), and an interval
+    reaching past the sampled x is an extrapolation: neither is an ok boundary."""
+    rng = np.random.default_rng(0)
+    one = planted(rng, seeds=1, xs=np.geomspace(5, 500, 40))
+    b = boundaries(one, "signal_norm", "d")
+    assert "ok" not in set(b["status"].astype(str)) and (b["n_seeds"] == 1).all()
+    assert (b["status"].astype(str).isin(("unbounded", "separated", "unresolved",
+                                           "outside_range"))).all()
+    # a shallow slice: its estimate (3.68) inside the sampled 3 .. 15, its finite interval
+    # (1.83 .. 7.80) reaching below the smallest x run
+    counts = {3.0: (3, 1), 3.67: (2, 2), 4.5: (1, 3), 6.0: (1, 4), 9.0: (0, 5), 12.0: (1, 5),
+              15.0: (0, 5)}
+    rows = [{"d": 1, "seed": s, "m": m, "regime": "not_overfitting" if s < na else "benign"}
+            for m, (na, nb) in counts.items() for s in range(na + nb)]
+    r = boundaries(pd.DataFrame(rows), "m", "d", ("not_overfitting", "benign")).iloc[0]
+    assert 3.0 < r["boundary"] < 15.0 and 0 < r["lo"] < 3.0 < r["hi"] < 15.0, r
+    assert r["status"] == "unbounded", r
+
+
+def test_no_ok_run_and_a_text_axis_are_refused_in_one_line():
+    df = planted(np.random.default_rng(0), seeds=3).assign(status="diverged")
+    with pytest.raises(ValueError, match=r"none of the \d+ runs is ok \(diverged \d+\)"):
+        boundaries(df, "signal_norm", "d")
+    txt = planted(np.random.default_rng(0), seeds=3)
+    txt["mode"] = np.where(txt["seed"] % 2 == 0, "iid", "balanced")
+    with pytest.raises(ValueError, match="x = 'mode' is not numeric"):
+        boundaries(txt, "mode", "d")
+
+
+def test_the_table_and_summary_state_horizon_seeds_and_estimator():
+    df = planted(np.random.default_rng(1), seeds=6).assign(steps=1000, time=5.0)
+    b = boundaries(df, "signal_norm", "d")
+    assert (b["steps"] == 1000).all() and (b["time"] == 5.0).all()
+    text = summary(b, "signal_norm", "d")
+    assert "at step 1000 (time 5)" in text and "6 seeds" in text
+    assert "logistic fit per slice, 95% bootstrap over seeds" in text
+    row = pb.power_law_row(b, "signal_norm", "d")
+    assert row["horizon"] == "step 1000 (time 5)" and row["n_seeds_min"] == 6
+    assert row["fitting"] == "apart"
+    # pooled on purpose over two horizons: the slice has no one horizon, and the text says so
+    two = pd.concat([df, df.assign(steps=2000, time=10.0, seed=df["seed"] + 100)])
+    b2 = boundaries(two, "signal_norm", "d", over=["steps", "time"])
+    assert b2["steps"].isna().all() and b2["time"].isna().all()
+    assert "at pooled horizons" in summary(b2, "signal_norm", "d")

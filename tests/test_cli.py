@@ -407,6 +407,14 @@ def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
     # a column to pool that the table does not have is refused, as one to slice by
     assert run(["boundaries", str(grid), "--over", "nosuch", "--no-plots", "--out",
                 str(tmp_path)]) == 2
+    # the same analysis again (here with other replicates) replaces its files, and says so
+    again = phasebo("boundaries", grid, "--x", "signal_norm", "--y", "d", "--between",
+                    "harmful,benign", "--boot", 40, "--out", tmp_path)
+    assert_clean(again)
+    assert f"replacing {tmp_path / f'boundaries_{stem}'}" in again.stderr
+    assert "figure (replaced): " in again.stdout
+    # the table states its horizon: the runs' steps and time
+    assert {"steps", "time"} <= set(pd.read_csv(tmp_path / f"boundaries_{stem}.csv").columns)
 
 
 @pytest.mark.slow  # 19 s; test_execute's Ctrl-C test covers the default (measured) chunking

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from phasebo import analysis as A
-from phasebo.boundaries import _first_crossing, _slice, exponents_over_steps, fit_power_law
+from phasebo.boundaries import _first_crossing, _slice
 from phasebo.regimes import (
     REGIME_ORDER,
     REGIMES,
@@ -27,6 +27,7 @@ from phasebo.regimes import (
     regimes_over_time,
     timeline,
 )
+from phasebo.scaling import exponents_over_steps, fit_power_law
 
 # --------------------------------------------------------------------------------------------
 # phasebo.regimes: the rule at one step
@@ -473,22 +474,30 @@ def test_a_steep_fit_through_one_mixed_point_is_unresolved_in_linear_x():
 
 
 def test_a_shallow_fit_is_resolved_even_across_a_wide_gap():
-    """96 runs at x = 1 (30 B), 4 at x = 2 (3 B): the transition is wider (4.39 / 1.89 in x)
-    than the gap between the two values, so the estimate (1.418) stands with status 'ok'."""
-    rows = [{"x": 1.0, "regime": "B" if i < 30 else "A"} for i in range(96)] + \
+    """96 runs at x = 1 (30 B), 96 at x = 2 (72 B): the transition is wider (4.39 / 1.89 in x)
+    than the gap between the two values, so the estimate (1.418) stands with status 'ok' (its
+    interval, 1.27 .. 1.60, inside the sampled range). With 4 runs at x = 2 (3 B) the same
+    estimate's interval reaches past x = 2 (0.86 .. 5.1): the runs do not bound it, unbounded."""
+    few = [{"x": 1.0, "regime": "B" if i < 30 else "A"} for i in range(96)] + \
         [{"x": 2.0, "regime": "B" if i < 3 else "A"} for i in range(4)]
+    o = _fit_slice(few)
+    assert o["status"] == "unbounded" and o["boundary"] == pytest.approx(1.4178, abs=1e-3)
+    assert o["lo"] < 1.0 and o["hi"] > 2.0
+    rows = [{"x": 1.0, "regime": "B" if i < 30 else "A"} for i in range(96)] + \
+        [{"x": 2.0, "regime": "B" if i < 72 else "A"} for i in range(96)]
     o = _fit_slice(rows)
     assert o["status"] == "ok" and o["boundary"] == pytest.approx(1.4178, abs=1e-3)
+    assert 1.0 < o["lo"] < o["boundary"] < o["hi"] < 2.0
     # two x values: the fit is saturated, so the slope per unit x is the logit difference and
     # the pseudo R^2 compares the two group proportions with the pooled one
-    p1, p2, p0 = 30 / 96, 3 / 4, 33 / 100
+    p1, p2, p0 = 30 / 96, 3 / 4, 102 / 192
 
     def ll(n, p):
         return n * (p * math.log(p) + (1 - p) * math.log(1 - p))
 
     assert o["slope"] == pytest.approx(math.log(p2 / (1 - p2)) - math.log(p1 / (1 - p1)),
                                        rel=1e-3)
-    assert o["pseudo_r2"] == pytest.approx(1 - (ll(96, p1) + ll(4, p2)) / ll(100, p0), rel=1e-3)
+    assert o["pseudo_r2"] == pytest.approx(1 - (ll(96, p1) + ll(96, p2)) / ll(192, p0), rel=1e-3)
 
 
 def test_an_interval_beyond_the_floats_is_infinite_without_a_warning():

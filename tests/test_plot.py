@@ -153,7 +153,9 @@ def test_s_ratio_curves(sweep, tmp_path):
     runs = pb.load(sweep)
     fig, axes = P.s_ratio_curves(runs)
     assert axes[0].get_xlabel() == "noise ratio" and axes[0].get_yscale() == "log"
-    assert len(axes[0].get_legend().get_texts()) == 3  # one line per signal norm
+    # one line per signal norm, named once, in the legend beside the panels
+    assert axes[0].get_legend() is None and len(axes[1].get_legend().get_texts()) == 3
+    assert fig.get_suptitle().startswith("prompt_attention")  # the settings the lines share
     _png(fig, tmp_path / "s4.png")
 
 
@@ -353,3 +355,38 @@ def test_every_regime_colour_shows_on_white_and_apart_from_cells_without_a_value
         assert max(1 - ch for ch in to_rgb(c)) > 0.1, regime  # not white or near it
         assert to_rgb(c) not in (to_rgb("#FFFFFF"), to_rgb("#f2f2f2")), regime
     assert len(set(REGIME_COLORS.values())) == len(REGIME_COLORS)  # each regime its own colour
+
+
+def test_a_grid_with_a_hole_is_no_map_unless_refined():
+    """Five of the six (d, ‖μ‖) cells (a [[cases]] sweep): a map would draw (250, 20), never
+    run, as its neighbours' colours; a refined grid's rows (a ``round`` column) hold their own
+    values, each cell drawn out to its neighbours'."""
+    from phasebo.plot_grid import is_grid
+
+    rows = [{"d": d, "signal_norm": m, "seed": s, "regime": "benign", "status": "ok"}
+            for d in (250, 4000) for m in (5.0, 20.0, 80.0) for s in range(2)
+            if (d, m) != (250, 20.0)]
+    df = pd.DataFrame(rows)
+    assert not is_grid(df, "signal_norm", "d")
+    assert is_grid(df.assign(round=0), "signal_norm", "d")
+    with pytest.raises(ValueError, match=r"only 5 of the 3 x 2 \(signal_norm, d\) cells were "
+                                         r"run \(not \(20, 250\)"):
+        P.regime_map(df, "signal_norm", "d")
+    fig, _ = P.regime_map(df.assign(round=0), "signal_norm", "d")
+    P.plt.close(fig)
+
+
+def test_line_figures_say_how_many_failed_runs_they_leave_out():
+    rows = [{"noise_ratio": r, "seed": s, "test_acc": 0.9, "regime": "benign",
+             "status": "diverged" if (r, s) == (0.2, 1) else "ok"}
+            for r in (0.1, 0.2, 0.3) for s in range(3)]
+    df = pd.DataFrame(rows)
+    fig, ax = P.line_plot(df, "noise_ratio", "test_acc")
+    assert "(1 failed run left out)" in ax.get_title()
+    P.plt.close(fig)
+    fig, ax = P.regime_shares(df, "noise_ratio")
+    assert "(1 failed run left out)" in ax.get_title()
+    P.plt.close(fig)
+    fig, ax = P.line_plot(df.assign(status="ok"), "noise_ratio", "test_acc")
+    assert "failed" not in ax.get_title()
+    P.plt.close(fig)

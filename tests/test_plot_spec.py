@@ -88,3 +88,15 @@ def test_equal_values_of_a_derived_x_are_refused_with_a_fix_that_works():
                           name="p", plot={"lines": [{"x": "snr", "hue": ["n"]}]})
     with pytest.raises(ConfigError, match="snr takes the same value at several cells of d"):
         check_plot_spec(s)
+
+
+@pytest.mark.parametrize("key, value", [("cmap", "viridis"), ("stat", "max"), ("vmin", 0.9)])
+def test_colour_settings_on_a_regime_map_are_refused(key, value):
+    """A regime map's colours are the regimes' and its cells the seeds' majority: a colour
+    scale or seed statistic given to it would be silently ignored, so it is refused."""
+    with pytest.raises(ConfigError, match=f"{key} = {value!r} has no effect on a regime map"):
+        check_plot_spec(spec(heatmaps=[{"x": "signal_norm", "y": "d", "value": "regime",
+                                        key: value}]))
+    check_plot_spec(spec(heatmaps=[{"x": "signal_norm", "y": "d", "value": "test_acc",
+                                    key: value}]))
+

@@ -99,3 +99,16 @@ def test_train_accuracy_bookkeeping_matches_margins():
     ff = np.asarray(out.samples["first_fit_step"])
     # a sample fitted at the end was fitted first at some step <= steps
     assert np.all(ff[m > 0] >= 0) and np.all(ff <= 200)
+
+
+@pytest.mark.parametrize("engine", ["direct", "reduced"])
+def test_a_run_without_label_noise_has_no_flipped_sample_to_follow(engine):
+    """The default tracked pair is the first clean and the first flipped sample; without label
+    noise there is no flipped one (its index would be 0, a clean sample), so its attention and
+    logit columns are NaN, and the clean sample's are the data."""
+    out = phasebo.run_one(dict(d=200, steps=4, engine=engine, noise_ratio=0.0, record_every=2))
+    dyn = out.dynamics
+    assert np.isnan(dyn["attn_noisy_t0"]).all() and np.isnan(dyn["logit_noisy_t1"]).all()
+    assert np.isfinite(dyn["attn_clean_t0"]).all()
+    noisy = phasebo.run_one(dict(d=200, steps=4, engine=engine, record_every=2)).dynamics
+    assert np.isfinite(noisy["attn_noisy_t0"]).all()

@@ -230,7 +230,8 @@ def test_boundaries_over_steps_recover_a_planted_trajectory():
     """Runs whose regime at step t is benign with probability sigmoid(4 (ln x - ln b(t))),
     b(t) = 20 t^0.25: the boundary at every step lies inside its interval, and the trajectory's
     exponent (fitted over the steps) is the planted 0.25."""
-    from phasebo.boundaries import boundaries, fit_power_law
+    from phasebo.boundaries import boundaries
+    from phasebo.scaling import fit_power_law
 
     rng = np.random.default_rng(7)
     xs = np.geomspace(10, 1000, 13)

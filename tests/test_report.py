@@ -77,6 +77,12 @@ def test_a_plot_axis_fixed_by_set_draws_the_axes_that_vary(tmp_path, capsys):
     plot = {"heatmaps": [{"x": "signal_norm", "y": "d", "value": "regime"}]}
     spec = pb.spec_from_dict(BASE, {"signal_norm": [1.0, 9.0], "noise_ratio": [0.1, 0.4]},
                              seeds=1, name="fixed", plot=plot)  # d = 48 only
+    from phasebo.report import plot_notes
+
+    plot_notes(spec)  # what the dry run says, from the cells, before anything runs
+    early = capsys.readouterr().err
+    assert "d = 48 is the only value in this sweep" in early
+    assert "so it is drawn noise_ratio vs signal_norm" in early
     run_sweep(spec, tmp_path / "f")
     assert (tmp_path / "f" / "heatmap_regime_noise_ratio_vs_signal_norm.png").exists()
     err = capsys.readouterr().err
@@ -190,14 +196,14 @@ def test_no_power_law_is_drawn_through_fewer_than_three_slices():
 def test_a_scattered_boundary_is_flagged_in_the_fit_and_the_figure():
     runs = _boundary_runs([25, 100, 400, 1600, 6400], noise=0.8, seeds=10)
     b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
-    row = __import__("phasebo.boundaries", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
+    row = __import__("phasebo.scaling", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
     assert row["status"] == "scattered" and row["chi2_dof"] > 4
     fig = P.boundary_figure(runs, b, "signal_norm", "d")
     assert "scattered" in _note(fig)
     P.plt.close(fig)
     clean = _boundary_runs([25, 100, 400, 1600, 6400], seeds=10)
     b = pb.boundaries(clean, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
-    fit = __import__("phasebo.boundaries", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
+    fit = __import__("phasebo.scaling", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
     assert fit["status"] == "ok" and abs(fit["exponent"] - 0.5) < 0.1
 
 
@@ -247,7 +253,7 @@ def test_slice_names_keep_signs_and_digits_and_boundary_fits_need_positive_slice
     assert P.slice_tag({"d": 3.6e7}) == "d3.6e+07" and P.slice_tag({"x": 3.6e-7}) == "x3.6e-07"
     assert P.slice_tag({"lr": 0.001}) != P.slice_tag({"lr": 0.0010001})
     assert P.slice_tag({"d": 2000, "train": "W,p"}) == "d2000_trainW-p"
-    from phasebo.boundaries import power_law_row
+    from phasebo.scaling import power_law_row
 
     b = pd.DataFrame({"weight_decay": [0.0, 0.1, 0.2], "boundary": [1.0, 2.0, 3.0],
                       "lo": [0.9, 1.8, 2.7], "hi": [1.1, 2.2, 3.3], "status": "ok",
@@ -287,7 +293,7 @@ def test_the_fit_verdict_at_one_recorded_step(three_axes, tmp_path):
 def test_a_fit_through_grid_gaps_only_is_grid_limited():
     """Every slice separated (its regimes do not overlap on the grid): the fit runs through gap
     midpoints, which the verdict, the command's summary and the figure say."""
-    from phasebo.boundaries import power_law_row, summary
+    from phasebo.scaling import power_law_row, summary
 
     runs = _boundary_runs([25, 100, 400, 1600, 6400], seeds=10, spread=0.01)
     b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
@@ -304,12 +310,14 @@ def test_a_grid_refined_along_d_maps_with_d_across():
     rows of d do not (a d value run at one signal_norm only), so the map turns round instead of
     falling back to the cases figure."""
     cells = [(20.0, d) for d in (250, 500, 1000)] + [(50.0, d) for d in (250, 354, 500, 1000)]
-    df = pd.DataFrame(cells, columns=["signal_norm", "d"])
+    df = pd.DataFrame(cells, columns=["signal_norm", "d"]).assign(round=0)  # a refined table
     assert R.map_axes(["signal_norm", "d"]) == ("signal_norm", "d")
     assert not R.tiles(df, "signal_norm", "d") and R.tiles(df, "d", "signal_norm")
     assert R.tiling_axes(df, ["signal_norm", "d"]) == ("d", "signal_norm")
     full = pd.DataFrame([(m, d) for m in (20.0, 50.0) for d in (250, 500)], columns=["signal_norm", "d"])
     assert R.tiling_axes(full, ["signal_norm", "d"]) == ("signal_norm", "d")  # as before
+    # the same cells without the refinement's rounds: a sweep's holes, which no map fills
+    assert not R.tiles(df.drop(columns="round"), "d", "signal_norm")
 
 
 def test_an_axis_set_adds_gets_lines_or_files_of_its_own(tmp_path, capsys):

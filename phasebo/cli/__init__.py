@@ -169,7 +169,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     import pandas as pd
 
     from ..analysis import load
-    from ..boundaries import FITTING_RULES, boundaries, count_fitting, power_law_row, summary
+    from ..boundaries import FITTING_RULES, boundaries, count_fitting
+    from ..scaling import power_law_row, summary
     from ..settings import ConfigError
     from .args import Parser, at_least, figure_formats, out_dir
 
@@ -226,6 +227,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     what = f"{between[0]}_{between[1]}_along_{args.x}_per_{args.y}" + "".join(
         f"_{k}_{'-'.join(split(v))}" for k, v in (("by", args.by), ("over", args.over)) if v)
     stem = f"boundaries_{what}{when}{rule}"
+    if (out / f"{stem}.csv").exists():  # the same analysis again (other runs, --boot): said
+        print(f"replacing {out / stem}.{{csv,parquet}} (and its fit and figure) from an earlier "
+              "run of this analysis", file=sys.stderr)
     b.to_parquet(out / f"{stem}.parquet", index=False)
     b.to_csv(out / f"{stem}.csv", index=False)
     lead = ["step"] if "step" in b.columns else []
@@ -246,16 +250,34 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         from ..plot import boundary_figure, boundary_trajectory, save
 
         figs = []
-        if "step" in b.columns and b["step"].nunique() > 1:
-            figs.append((boundary_trajectory(b, args.x, args.y)[0],
-                         f"boundary_trajectory_{what}{rule}"))
-        else:
-            runs = df if "step" not in df.columns else df[df["step"].isin(b["step"].unique())]
+        by = split(args.by)
+        # one figure per --by slice (a map holds one value of each); none when --over pools
+        # settings into a slice: a map would have to pool them too, which it never does
+        groups = b.groupby(by, sort=True, dropna=False) if by else [((), b)]
+        for key, g in ([] if split(args.over) else groups):
+            key = key if isinstance(key, tuple) else (key,)
+            tag = "".join(f"_{k}={v:g}" if isinstance(v, float) else f"_{k}={v}"
+                          for k, v in zip(by, key))
+            if "step" in g.columns and g["step"].nunique() > 1:
+                figs.append((boundary_trajectory(g, args.x, args.y)[0],
+                             f"boundary_trajectory_{what}{rule}{tag}"))
+                continue
+            runs = df if "step" not in df.columns else df[df["step"].isin(g["step"].unique())]
+            for k, v in zip(by, key):
+                runs = runs[runs[k] == v]
             runs = count_fitting(runs, args.fitting)  # the map coloured as the fit counted
-            figs.append((boundary_figure(runs, b, args.x, args.y),
-                         f"boundary_{what}{when}{rule}"))
+            try:
+                figs.append((boundary_figure(runs, g, args.x, args.y),
+                             f"boundary_{what}{when}{rule}{tag}"))
+            except ValueError as e:  # the runs do not tile a map: the table stands alone
+                print(f"no figure{tag.replace('_', ' ')}: {e}", file=sys.stderr)
+        if split(args.over):
+            print(f"no figure: the slices pool {args.over} (--over), which a regime map does "
+                  "not; the table has the boundaries")
         for fig, fname in figs:
-            print("figure: " + ", ".join(map(str, save(fig, out / fname, formats))))
+            print(("figure: " if not any((out / f"{fname}.{f}").exists()
+                                         for f in formats) else "figure (replaced): ")
+                  + ", ".join(map(str, save(fig, out / fname, formats))))
     print(f"table: {out / (stem + '.csv')}"
           + (f"; fit: {out / (stem + '_fit.csv')}" if one_step else ""))
     return 0

@@ -350,6 +350,9 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                     from ..plot_spec import check_plot_spec
 
                     check_plot_spec(spec, columns=traced_columns(pl))
+                    from ..report import plot_notes
+
+                    plot_notes(spec)  # the notes the run will print about [plot] entries
                 if block:  # round 0 is a sweep of its own directory; the rounds follow it
                     dry_run(spec, pl, out / "round-0", overwrite=args.overwrite)
                     refine_dry_run(r, out, overwrite=args.overwrite)
