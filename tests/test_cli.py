@@ -527,3 +527,26 @@ def test_bad_flags_of_the_figure_commands_are_one_line_errors(cmd, tmp_path, cap
         assert len(err) == 1 and err[0].startswith(f"phasebo {cmd}: error: --"), (flags, err)
         assert flags[0] in err[0], (flags, err)
     assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]  # nothing written
+
+
+def test_boundaries_by_draws_a_figure_per_slice_and_over_none(tmp_path, capsys):
+    """--by lr: a map per value of lr (a map holds one); --over lr pools lr into each slice's
+    fit, which no map does: no figure, said. A finished table of planted regimes."""
+    from test_boundaries import planted
+
+    from phasebo.cli import run
+
+    df = pd.concat([planted(np.random.default_rng(0), seeds=4).assign(lr=lr)
+                    for lr in (0.01, 0.02)], ignore_index=True)
+    df["run_id"], df["steps"] = np.arange(len(df)), 100
+    df.to_parquet(tmp_path / "results.parquet")
+    common = [str(tmp_path), "--x", "signal_norm", "--y", "d", "--boot", "20", "--between",
+              "benign,harmful"]
+    assert run(["boundaries", *common, "--by", "lr"]) == 0
+    stem = "boundary_benign_harmful_along_signal_norm_per_d_by_lr"
+    assert sorted(p.name for p in tmp_path.glob("boundary_*.png")) == [
+        f"{stem}_lr=0.01.png", f"{stem}_lr=0.02.png"]
+    assert "at step 100, 4 seeds" in capsys.readouterr().out
+    assert run(["boundaries", *common, "--over", "lr"]) == 0
+    assert "no figure: the slices pool lr (--over)" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("boundary_*.png"))) == 2
