@@ -338,7 +338,10 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
                          "(regime); fix: leave it out of metrics=")
     missing = [c for c in [*by, *over, *metric_list] if c not in df.columns]
     if missing:
-        raise KeyError(f"aggregate: no column {missing[0]!r}; columns: {', '.join(df.columns)}")
+        raise KeyError(f"aggregate: no column {missing[0]!r}"
+                       f"{suggest(str(missing[0]), map(str, df.columns))}; fix: one of "
+                       + ", ".join(map(str, list(df.columns)[:20]))
+                       + (", ..." if len(df.columns) > 20 else ""))
     keys = by or ["_cell"]
     work = _never_as_nan(df, metric_list)
     if not by:
@@ -434,7 +437,8 @@ def select(df: pd.DataFrame, where: Mapping[str, object] | None = None) -> pd.Da
     mask = np.ones(len(df), bool)
     for k, v in where.items():
         if k not in df.columns:
-            raise KeyError(f"select: no column {k!r}")
+            raise KeyError(f"select: no column {k!r}{suggest(str(k), map(str, df.columns))}; "
+                           "fix: where names a column of the table (a setting, seed, step, ...)")
         col = df[k]
         if isinstance(v, float) and np.isnan(v):  # a setting this slice's runs do not have
             hit = col.isna().to_numpy()

@@ -92,8 +92,7 @@ def expand_range(name: str, spec: Mapping, where: str = "") -> list:
         step = spec["step"]
         if not isinstance(step, (int, float)) or not step or (stop - start) / step < 0:
             raise ConfigError(f"{where}{name}: range step {step!r} does not lead from {start!r} "
-                              f"to {stop!r}; fix: step = {-step if step else 1!r} (or swap start "
-                              "and stop)")
+                              f"to {stop!r}; fix: step = {-step if step else 1!r}")
         count = int(math.floor((stop - start) / step + 1e-9)) + 1
         # round away float drift such as 5 + 3 * 2.5 = 12.499999
         vals = [round(start + i * step, 12) for i in range(count)]
@@ -290,8 +289,7 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
         else:
             coerced = [s.coerce(v, w) for v in vals]
             if len(set(map(repr, coerced))) != len(coerced):
-                raise ConfigError(f"{w}axis {key!r} repeats a value: {vals!r}; fix: list each "
-                                  "value once (more seeds: --seeds)")
+                raise ConfigError(f"{w}axis {key!r} repeats a value: {vals!r}; fix: once each")
             axes[key] = coerced
             fixed.pop(key, None)
         origin[key] = section
@@ -497,9 +495,12 @@ def load_sweep(path: str | Path, overrides: Mapping[str, Any] | None = None,
 
 def spec_from_dict(settings: Mapping[str, Any] | None = None, axes: Mapping[str, Any] | None = None,
                    seeds: int = 1, name: str = "sweep", **extra) -> SweepSpec:
-    """Build a sweep in Python: ``spec_from_dict({"n": 20}, {"d": [500, 1000]}, seeds=4)``."""
-    raw = {"name": name, "settings": dict(settings or {}), "axes": dict(axes or {}),
-           "seeds": seeds, **extra}
+    """Build a sweep in Python: ``spec_from_dict({"n": 20}, {"d": [500, 1000]}, seeds=4)``; an
+    axis may be a NumPy array (``np.geomspace(250, 5000, 10)``), a value a NumPy scalar."""
+    raw = {"name": name, "seeds": seeds, **extra, **{  # NumPy values as the file's lists, numbers
+        part: {k: v.tolist() if isinstance(v, np.ndarray | np.generic) else v
+               for k, v in (given or {}).items()} for part, given in (("settings", settings),
+                                                                     ("axes", axes))}}
     return build_spec(raw, name)
 
 

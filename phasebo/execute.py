@@ -529,6 +529,11 @@ def prepare_one(settings: dict | None = None, *, seed: int = 0, key=None, **kw):
     identity-derived key ``fold_in(fold_in(PRNGKey(root_seed), hi32), lo32)`` of its run id."""
     jax = _jax()
     given = {**(settings or {}), **kw}
+    for k, v in given.items():
+        if isinstance(v, list | np.ndarray) and C._setting(k, "").type not in (tuple, "ints"):
+            raise ConfigError(f"{k} = {v!r}: one run takes one value; fix: {k} = {v[0]!r}, or "
+                              f"sweep it: pb.spec_from_dict(settings, {{{k!r}: {list(v)!r}}}) "
+                              "and pb.run_sweep")
     given = {k: C._setting(k, "").coerce(v) for k, v in given.items()}
     own = C.check_cell(C.resolve(given), given)
     model = get_model(own["model"])

@@ -262,8 +262,9 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     ax.set_xlabel("recorded step")
     ax.set_ylabel(f"boundary {_label(x)}")
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
-    ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time "
-                 f"(95% CI over {n_seeds} seeds; slices with a bounded interval)", fontsize=10)
+    ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
+                 f"\n(95% intervals over {n_seeds} seeds; slices with a bounded interval)",
+                 fontsize=10)
     if len(vals):
         ax.legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, ax
@@ -543,8 +544,11 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
 def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: str | None = None):
     """The regime map of ``runs`` (refined grids drawn row by row) with the boundaries ``b``,
     their power-law fit and the theory's exponent on top."""
-    from .scaling import power_law_row
+    from .scaling import along, power_law_row
 
+    along(b, x)
+    if "step" in runs.columns and "step" in b.columns and b["step"].nunique() == 1:
+        runs = runs[runs["step"] == b["step"].iloc[0]]  # the map at the boundaries' step
     fig, ax = regime_map(runs, x, y, title=title)
     if title is None and "fitting" in b.columns and len(b) and \
             b["fitting"].iloc[0] == "not_overfitting":  # the estimator, on the figure
@@ -558,7 +562,9 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
         if np.isfinite(row["theory_exponent"]):
             th = {"exponent": row["theory_exponent"], "prefactor": row["theory_prefactor"]}
     boundary_overlay(ax, b, x, y, fit, th, band=row["status"] == "ok")
-    note = {"too_few_slices": f"no power-law fit: {row['n_points']} resolved slices (< 3)",
+    n = row["n_points"]
+    note = {"too_few_slices": f"no power-law fit: {n} usable slice{'s' if n != 1 else ''} "
+                              "(placed, with a bounded interval; 3 needed)",
             "scattered": f"scattered: χ²/dof {row['chi2_dof']:.1f}, one power law does not "
                          "describe this boundary",
             "grid_limited": "grid-limited: every boundary only bracketed by the grid (a fit "

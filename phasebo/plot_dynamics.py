@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from . import analysis as A
 from . import theory as TH
 from .plot_grid import settings_text
-from .plot_style import ROLE_COLORS, ROLE_LABELS, _label, _new, _plain_log, _short, plt
+from .plot_style import ROLE_COLORS, ROLE_LABELS, _label, _new, _num, _plain_log, _short, plt
 
 
 def _tokens(dyn: pd.DataFrame, prefix: str) -> list[str]:
@@ -165,7 +165,7 @@ def _hue_groups(d: pd.DataFrame, hue: Sequence[str] | None):
     out = []
     for key, sub in d.groupby(list(hue), sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        out.append((", ".join(f"{_short(h)}={k:.4g}" if isinstance(k, (int, float, np.number))
+        out.append((", ".join(f"{_short(h)}={_num(k)}" if isinstance(k, (int, float, np.number))
                               else f"{_short(h)}={k}" for h, k in zip(hue, key)), sub))
     return out
 
@@ -183,9 +183,10 @@ def accuracy_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, hue: Sequ
         fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
     fig = axes[0].figure
     groups = _hue_groups(d, hue)
-    colors = plt.get_cmap("tab10").colors
+    colors = plt.get_cmap("tab10").colors if len(groups) <= 10 else \
+        plt.get_cmap("viridis")(np.linspace(0, 0.95, len(groups)))
     for i, (lab, sub) in enumerate(groups):
-        c = colors[i % 10]
+        c = colors[i]
         pre = f"{lab}: " if lab else ""
         _band(axes[0], sub, "train_acc", c, f"{pre}train")
         _band(axes[0], sub, "test_acc", c, f"{pre}test")
@@ -205,6 +206,9 @@ def accuracy_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, hue: Sequ
     per = f"{k[0]}" if len(k) == 1 else f"{k[0]}–{k[-1]}"
     axes[1].set_title(f"loss (mean of {per} run{'s' if k[-1] > 1 else ''} per line, band "
                       "min–max)", fontsize=10)
+    fixed = settings_text(d, skip=tuple(hue or ()))  # what the lines share (where's slice too)
+    if fixed and axes[0].figure is fig and fig.get_suptitle() == "":
+        fig.suptitle(fixed, fontsize=10)
     return fig, np.asarray(axes)
 
 

@@ -77,7 +77,8 @@ def _plain_log(axis):
     per decade, or at the decades alone when the data span more than three (their labels
     would crowd: a gradient flow's steps run to 10^6)."""
     lo, hi = sorted(abs(v) for v in axis.get_data_interval())
-    wide = lo > 0 and np.isfinite(hi) and hi / lo > 1e3
+    # a 0 in the data (a loss that underflowed) spans every decade down to the axis' own limit
+    wide = np.isfinite(hi) and (lo <= 0 or hi / lo > 1e3)
     axis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0,) if wide else (1.0, 2.0, 5.0)))
     axis.set_major_formatter(mticker.FuncFormatter(_num))
     axis.set_minor_formatter(mticker.NullFormatter())

@@ -77,12 +77,19 @@ def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.
     ``n_noisy`` (flipped labels), and ``margin`` / ``margin_prev`` (smallest margin at ``step``
     and at the earlier ``step_prev``) are optional: without them no run is ``no_noise`` or
     ``fitting``. ``reference``: the accuracy ``A`` benign is judged against (NaN: none, so a run
-    that fits every label is ``no_baseline``).
+    that fits every label is ``no_baseline``). ``status``: a run's status name (``"ok"``, ...)
+    or its code as :func:`phasebo.run_one` returns it (0 ok, 1 diverged, 2 unsolved).
     """
     train_acc = np.asarray(train_acc, float)
     shape = train_acc.shape
     test_acc = np.broadcast_to(np.asarray(test_acc, float), shape)
-    status = np.broadcast_to(np.asarray(status, object), shape)
+    status = np.asarray(status, object)
+    if status.size and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                           for v in status.ravel()):  # run_one's codes (phasebo.train.Status)
+        names = ("ok", "diverged", "unsolved")
+        status = np.vectorize(lambda v: names[int(v)] if 0 <= int(v) < 3 else "error",
+                              otypes=[object])(status)
+    status = np.broadcast_to(status, shape)
     test_eps = np.broadcast_to(np.asarray(test_eps, float), shape)
     fit_thr = np.broadcast_to(np.asarray(train_acc_fit, float), shape)
     reference = np.broadcast_to(np.asarray(reference, float), shape)

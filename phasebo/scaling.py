@@ -128,6 +128,7 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     ``grid_limited`` (no slice is ``ok``: every boundary is only bracketed by the grid, so the
     exponent is that of gap midpoints; refine the grid) or ``ok``;
     ``theory_exponent`` and ``theory_prefactor`` (its constant fitted) where a theory applies."""
+    along(b, x)
     usable = resolved(b, y)
     th = theory_exponent(x, y)
     row = {"between": str(b["between"].iloc[0]) if len(b) and "between" in b.columns else "",
@@ -155,6 +156,14 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     return row
 
 
+def along(b: pd.DataFrame, x: str) -> None:
+    """Refuse an ``x`` other than the one ``b``'s boundaries lie along (its ``x`` column): the
+    boundaries are values of that axis, which another axis would misread."""
+    if "x" in b.columns and len(b) and str(b["x"].iloc[0]) != x:
+        raise ValueError(f"x = {x!r}, but these boundaries lie along {b['x'].iloc[0]!r}; fix: "
+                         f"x = {b['x'].iloc[0]!r} (or fit the boundaries along {x!r} first)")
+
+
 def horizon_text(b: pd.DataFrame) -> str:
     """Where a boundary table was measured: ``at step 1000 (time 5)``, or the range of horizons
     of its slices; empty when the table does not say (a table built by hand)."""
@@ -170,8 +179,9 @@ def horizon_text(b: pd.DataFrame) -> str:
 
     steps, time = span("steps", lambda v: f"{int(v)}" if np.isfinite(v) else num(v)), \
         span("time", num)
-    if STEP in b.columns:
-        return ""  # each row is a recorded step
+    if STEP in b.columns:  # each row is a recorded step: one step is the table's horizon
+        k = b[STEP].dropna().unique()
+        return f" at step {int(k[0])}" if len(k) == 1 else ""
     if not (steps or time) and any(c in b.columns and len(b) and b[c].isna().all()
                                    for c in ("steps", "time")):
         return " at pooled horizons"  # over= pooled slices run to different horizons

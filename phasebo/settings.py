@@ -127,7 +127,10 @@ def _convert(t, value):
         if isinstance(value, str):
             value = float(value)
         if isinstance(value, float) and not value.is_integer():
-            raise TypeError
+            # float drift of a computed grid (np.geomspace: 499.99999999999994) is that integer
+            if not (np.isfinite(value) and abs(value - round(value)) <= 1e-9 * max(1.0, abs(value))):
+                raise TypeError
+            value = round(value)
         return int(value)
     if t is float:
         if isinstance(value, (bool, np.bool_)) or isinstance(value, (list, tuple, dict)):

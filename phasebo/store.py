@@ -441,6 +441,22 @@ def record_figures(out_dir: Path, paths) -> list[str]:
     return stale
 
 
+def clear_figures(out_dir: Path) -> list[str]:
+    """Remove the figures the manifest records and ``report.html``: drawn from the runs before the
+    tables changed, left undrawn (``--no-plots``), they would read as current. Returns their
+    names."""
+    out_dir = Path(out_dir)
+    m = read_manifest(out_dir)
+    names = [n for n in (m.get("figures", []) if m else []) if (out_dir / n).exists()]
+    names += ["report.html"] if (out_dir / "report.html").exists() else []
+    for n in names:
+        (out_dir / n).unlink(missing_ok=True)
+    if m and m.get("figures"):
+        m["figures"] = []
+        _write_json(out_dir / "manifest.json", m)
+    return names
+
+
 def command_line(argv=None) -> str:
     """The command as a shell would take it back (quoted), ``python -m phasebo.sweep`` for the
     module entry point."""

@@ -43,6 +43,7 @@ from .registry import ENGINES
 from .store import (
     check_out_dir,
     clear_boundaries,
+    clear_figures,
     hold_dir,
     prepare_out_dir,
     provenance,
@@ -149,6 +150,15 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                 gone = clear_boundaries(out_dir)  # made from the tables these replace
                 if gone and not quiet:
                     print(said_cleared(spec.name, gone), file=sys.stderr)
+                old = [] if plots else clear_figures(out_dir)  # not redrawn: not left as current
+                if old and not quiet:
+                    figs = [n for n in old if n != "report.html"]
+                    print(f"{spec.name}: removed {len(figs)} figure(s) ({', '.join(figs[:3])}"
+                          f"{', ...' if len(figs) > 3 else ''})"
+                          + (" and report.html" if "report.html" in old else "")
+                          + f" of the runs before: the tables changed and --no-plots draws none; "
+                          f"fix: phasebo plot {out_dir}, phasebo report {out_dir}",
+                          file=sys.stderr)
             if plots:
                 from .report import sweep_figures
 

@@ -358,9 +358,14 @@ def test_aggregate_inside_check_counts_nan_and_allows_constant_settings():
 
 
 def test_aggregate_missing_column_message():
-    with pytest.raises(KeyError, match=re.escape("aggregate: no column 'nope'; columns: run_id, "
-                                                 "d, seed, status, regime, test_acc")):
+    with pytest.raises(KeyError, match=re.escape("aggregate: no column 'nope'; fix: one of "
+                                                 "run_id, d, seed, status, regime, test_acc")):
         A.aggregate(_runs(), by=["d", "nope"])
+    with pytest.raises(KeyError, match=re.escape("no column 'test_accc' (did you mean "
+                                                 "'test_acc'?); fix: one of")):
+        A.aggregate(_runs(), by=["d"], metrics=["test_accc"])
+    with pytest.raises(KeyError, match=re.escape("select: no column 'dd' (did you mean 'd'?)")):
+        A.select(_runs(), {"dd": 1})
 
 
 def test_aggregate_fractions_of_failed_single_and_tied_cells():

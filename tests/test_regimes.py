@@ -302,3 +302,13 @@ def test_clean_reference_over_time_reads_the_clean_runs_at_the_same_step():
     ref, _, ref_dyn = clean_reference(res, ["n"], dyn)
     np.testing.assert_allclose(ref, [0.85] * 3)
     np.testing.assert_allclose(ref_dyn, [0.3, 0.85, 0.3, 0.85, 0.3, 0.85])
+
+
+def test_classify_regime_takes_run_ones_status_codes():
+    """run_one returns the status as its code (0 ok, 1 diverged, 2 unsolved): the same regime
+    as the name gives, not the code passed through as a regime."""
+    import phasebo as pb
+
+    assert pb.classify_regime(1.0, 1.0, 0) == pb.classify_regime(1.0, 1.0, "ok") == "benign"
+    assert list(pb.classify_regime([1.0, 1.0, 1.0], [1.0, 0.5, 1.0], np.array([0, 1, 2]))) == [
+        "benign", "diverged", "unsolved"]

@@ -2,6 +2,7 @@
 cases and includes, every shipped sweep file validated and dry-run, the CLI's errors (the grid,
 the plan and the executor have test_grid.py, test_plan.py and test_execute.py)."""
 
+import json
 import os
 import re
 import shlex
@@ -17,7 +18,7 @@ import pytest
 from phasebo.cli.sweep import main
 from phasebo.config import load_sweep, spec_from_dict
 from phasebo.settings import ConfigError
-from phasebo.sweep import run_sweep
+from phasebo.sweep import run_one, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,6 +232,17 @@ def test_config_error_for_unknown_setting_in_python():
         spec_from_dict({"signal": 3})
 
 
+def test_numpy_values_from_a_notebook():
+    """An axis as a NumPy array (float drift of np.geomspace rounds to the integer it is, a
+    fractional d does not), a NumPy scalar setting; one run takes one value per setting."""
+    spec = spec_from_dict({"n": np.int64(20)}, {"d": np.geomspace(250, 4000, 5)})
+    assert spec.axes["d"] == [250, 500, 1000, 2000, 4000] and spec.fixed["n"] == 20
+    with pytest.raises(ConfigError, match=r"d = 250.5 is not a valid int"):
+        spec_from_dict({}, {"d": np.array([250.5, 300.0])})
+    with pytest.raises(ConfigError, match=r"T = \[2, 3\]: one run takes one value; fix: T = 2"):
+        run_one({"T": [2, 3], "steps": 2})
+
+
 def readme_commands() -> list[list[str]]:
     text = (ROOT / "README.md").read_text()
     main_cmd = re.search(r"^(?:pip install [^\n]*&& )?(python -m phasebo\.sweep sweeps/default\.toml)"
@@ -417,3 +429,21 @@ def test_every_sweep_file_dry_runs(path, traced, tmp_path, capsys, restore_x64,
     assert all(int(g[0]) == int(g[1]) * spec.seeds for g in groups), printed  # grid points
     assert re.search(r"^  estimated time ~.+ on disk, memory budget", printed, re.M), printed
     assert not out.exists()  # a dry run writes nothing
+
+
+def test_growing_without_plots_removes_the_figures_of_the_runs_before(tmp_path, capsys):
+    """Figures and report.html drawn from 2 seeds would read as current beside tables of 3:
+    grown with plots=False they are removed, and said, with the commands that redraw them."""
+    out = tmp_path / "g"
+    run_sweep(small_spec(seeds=2, steps=10), out)
+    drawn = json.loads((out / "manifest.json").read_text())["figures"]
+    assert drawn and (out / "report.html").exists()
+    capsys.readouterr()
+    run_sweep(small_spec(seeds=3, steps=10), out, plots=False)
+    assert not any((out / n).exists() for n in drawn) and not (out / "report.html").exists()
+    err = capsys.readouterr().err
+    assert f"removed {len(drawn)} figure(s)" in err and "and report.html of the runs" in err
+    assert f"fix: phasebo plot {out}, phasebo report {out}" in err
+    assert json.loads((out / "manifest.json").read_text())["figures"] == []
+    run_sweep(small_spec(seeds=3, steps=10), out, plots=False)  # nothing changed: nothing said
+    assert "removed" not in capsys.readouterr().err
