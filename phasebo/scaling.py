@@ -35,11 +35,7 @@ def fit_power_law(b: pd.DataFrame, x: str, y: str = "boundary", *, level: float 
     if missing:
         raise ValueError(f"fit_power_law: no column {missing[0]!r} in the boundary table; its "
                          f"columns: {', '.join(map(str, b.columns))}")
-    if STEP in b.columns and x != STEP and len(b) and b.groupby(x)[STEP].nunique().max() > 1:
-        raise ValueError(f"fit_power_law: the table holds boundaries at {b[STEP].nunique()} "
-                         f"recorded steps for the same {x}, which one fit would pool; fix: "
-                         f"b[b.{STEP} == S] for one step, or exponents_over_steps(b, {x!r}) for "
-                         "each")
+    one_step(b, x, "fit_power_law")
     ok = b[np.isfinite(b[y].to_numpy(float))]
     if "status" in ok.columns:
         ok = ok[ok["status"].astype(str).isin(("ok", "unresolved", "separated"))]
@@ -129,6 +125,7 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     exponent is that of gap midpoints; refine the grid) or ``ok``;
     ``theory_exponent`` and ``theory_prefactor`` (its constant fitted) where a theory applies."""
     along(b, x)
+    one_step(b, y, "power_law_row")  # on the whole table: the step count it says is the table's
     usable = resolved(b, y)
     th = theory_exponent(x, y)
     row = {"between": str(b["between"].iloc[0]) if len(b) and "between" in b.columns else "",
@@ -154,6 +151,17 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     if th:
         row["theory_prefactor"] = fit_power_law(usable, y, exponent=th[0])["prefactor"]
     return row
+
+
+def one_step(b: pd.DataFrame, x: str, who: str) -> None:
+    """Refuse a table with boundaries at several recorded steps for the same ``x`` (the slice
+    values): one fit would pool them."""
+    if STEP in b.columns and x != STEP and x in b.columns and len(b) \
+            and b.groupby(x)[STEP].nunique().max() > 1:
+        raise ValueError(f"{who}: the table holds boundaries at {b[STEP].nunique()} recorded "
+                         f"steps for the same {x}, which one fit would pool; fix: "
+                         f"b[b.{STEP} == S] for one step, or exponents_over_steps(b, {x!r}) for "
+                         "each")
 
 
 def along(b: pd.DataFrame, x: str) -> None:

@@ -457,3 +457,14 @@ def test_a_fit_along_another_axis_is_refused_and_one_step_is_a_horizon():
     one = b.assign(step=400)  # a dynamics table's boundaries at one recorded step
     assert pb.power_law_row(one, "signal_norm", "d")["horizon"] == "step 400"
     assert pb.power_law_row(b.assign(step=[400, 800] * 3), "signal_norm", "d")["horizon"] == ""
+
+
+def test_pooled_steps_are_counted_alike_by_the_fit_and_its_row():
+    """Boundaries at 3 recorded steps per slice, one of them unplaced at one step: both refusals
+    count the table's 3 steps (the row once counted only the steps left after its filter)."""
+    b = boundaries(planted(np.random.default_rng(4), seeds=6), "signal_norm", "d")
+    many = pd.concat([b.assign(step=s) for s in (100, 200, 300)], ignore_index=True)
+    many.loc[(many["step"] == 300), "status"] = "all_A"
+    for fn in (lambda: pb.fit_power_law(many, "d"), lambda: pb.power_law_row(many, "signal_norm", "d")):
+        with pytest.raises(ValueError, match="boundaries at 3 recorded steps for the same d"):
+            fn()
