@@ -453,7 +453,14 @@ def select(df: pd.DataFrame, where: Mapping[str, object] | None = None) -> pd.Da
             except TypeError:
                 have = sorted(have, key=str)
             shown = ", ".join(map(str, have[:20])) + (" ..." if len(have) > 20 else "")
-            raise ValueError(f"select: {k} = {v!r} is in no row; the table has {k} = {shown}")
+            near = ""
+            if isinstance(v, (int, float)) and pd.api.types.is_numeric_dtype(col) and len(have):
+                # a value copied as displayed (0.088914 for 0.0889140...): the one it rounds
+                best = have[int(np.argmin(np.abs(np.asarray(have, float) - float(v))))]
+                best = best.item() if isinstance(best, np.generic) else best
+                near = f"; fix: {k} = {best!r}, the nearest"
+            raise ValueError(f"select: {k} = {v!r} is in no row; the table has {k} = {shown}"
+                             + near)
         mask &= hit
     return df[mask]
 

@@ -171,8 +171,9 @@ def _check_cells(spec, plot: Mapping) -> None:
         try:  # a derived value (snr) no cell has
             A.select(table, {k: v for k, v in where.items() if k in A.DERIVED})
         except ValueError as e:
-            raise ConfigError(f"{w}where {str(e).removeprefix('select: ')}; fix: one of "
-                              "those") from None
+            said = str(e).removeprefix("select: ")  # it names the nearest value as the fix
+            raise ConfigError(f"{w}where {said}" + ("" if "fix:" in said else
+                                                     "; fix: one of those")) from None
         try:
             sel = A.select(table, where)
         except ValueError:  # (config.check_plot_where has said which values the file has)

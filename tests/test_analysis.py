@@ -230,6 +230,10 @@ def test_pivot_says_what_it_cannot_do_instead_of_returning_less():
         A.pivot(runs, "signal_norm", "d", "test_acc", where={"n": 40})
     with pytest.raises(ValueError, match="d = 999 is in no row"):  # select says it too
         pb.select(runs, {"d": 999})
+    # a value copied as displayed, rounded: the nearest the table holds is named
+    cells = pd.DataFrame({"snr": [0.0889140123, 0.12]})
+    with pytest.raises(ValueError, match=r"fix: snr = 0.0889140123, the nearest"):
+        pb.select(cells, {"snr": 0.088914})
     both = pb.select(runs, {"d": runs["d"].iloc[0], "n": 20})  # values present select their rows
     assert len(both) and (both["d"] == runs["d"].iloc[0]).all()
     # NaN: the runs without the setting (a model that does not take it), as slices name them
