@@ -151,23 +151,25 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
                                                                          *LABEL_COLUMNS,
                                                                          "model", "engine")]
     cols = [c for c in cols if c not in t.columns or c in ("source", "run_id")]
-    t = t.merge(res.loc[keep, cols], on=["source", "run_id"], how="inner", validate="many_to_one")
-    if table == "dynamics":
-        t = _status_at_step(t, res.loc[keep])
+    # a dynamics row's status is its run's at that step: the same merge brings diverge_step
+    div = table == "dynamics" and "diverge_step" in res.columns and "diverge_step" not in t
+    t = t.merge(res.loc[keep, cols + ["diverge_step"] * div], on=["source", "run_id"],
+                how="inner", validate="many_to_one")
+    if div:
+        t = _status_at_step(t)
     if attrs is not None:
         t.attrs["column_groups"] = attrs
     return t
 
 
-def _status_at_step(dyn: pd.DataFrame, res: pd.DataFrame) -> pd.DataFrame:
+def _status_at_step(dyn: pd.DataFrame) -> pd.DataFrame:
     """A dynamics row's ``status`` is its run's at that step: a run that diverged (or a flow
     left unsolved) at ``diverge_step`` was ``ok`` at the steps recorded before it, as its
-    regime there says; the run's final status holds from that step on."""
-    if "status" not in dyn.columns or "diverge_step" not in res.columns or STEP not in dyn.columns:
+    regime there says; the run's final status holds from that step on. Drops the joined
+    ``diverge_step``."""
+    div = dyn.pop("diverge_step").to_numpy(float)
+    if "status" not in dyn.columns or STEP not in dyn.columns:
         return dyn
-    div = dyn[["source", "run_id"]].merge(res[["source", "run_id", "diverge_step"]],
-                                          on=["source", "run_id"], how="left")["diverge_step"]
-    div = div.to_numpy(float)
     before = (div >= 0) & (dyn[STEP].to_numpy(float) < div)
     if before.any():
         status = dyn["status"].astype(object).to_numpy().copy()

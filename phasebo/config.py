@@ -497,10 +497,10 @@ def spec_from_dict(settings: Mapping[str, Any] | None = None, axes: Mapping[str,
                    seeds: int = 1, name: str = "sweep", **extra) -> SweepSpec:
     """Build a sweep in Python: ``spec_from_dict({"n": 20}, {"d": [500, 1000]}, seeds=4)``; an
     axis may be a NumPy array (``np.geomspace(250, 5000, 10)``), a value a NumPy scalar."""
-    raw = {"name": name, "seeds": seeds, **extra, **{  # NumPy values as the file's lists, numbers
-        part: {k: v.tolist() if isinstance(v, np.ndarray | np.generic) else v
-               for k, v in (given or {}).items()} for part, given in (("settings", settings),
-                                                                     ("axes", axes))}}
+    def plain(part):  # NumPy values as the file's lists and numbers
+        return {k: v.tolist() if isinstance(v, np.ndarray | np.generic) else v
+                for k, v in (part or {}).items()}
+    raw = {"name": name, "settings": plain(settings), "axes": plain(axes), "seeds": seeds, **extra}
     return build_spec(raw, name)
 
 

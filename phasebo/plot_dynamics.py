@@ -13,7 +13,17 @@ from matplotlib.lines import Line2D
 from . import analysis as A
 from . import theory as TH
 from .plot_grid import settings_text
-from .plot_style import ROLE_COLORS, ROLE_LABELS, _label, _new, _num, _plain_log, _short, plt
+from .plot_style import (
+    ROLE_COLORS,
+    ROLE_LABELS,
+    _label,
+    _new,
+    _num,
+    _plain_log,
+    _short,
+    line_colors,
+    plt,
+)
 
 
 def _tokens(dyn: pd.DataFrame, prefix: str) -> list[str]:
@@ -183,8 +193,7 @@ def accuracy_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, hue: Sequ
         fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
     fig = axes[0].figure
     groups = _hue_groups(d, hue)
-    colors = plt.get_cmap("tab10").colors if len(groups) <= 10 else \
-        plt.get_cmap("viridis")(np.linspace(0, 0.95, len(groups)))
+    colors = line_colors(len(groups))
     for i, (lab, sub) in enumerate(groups):
         c = colors[i]
         pre = f"{lab}: " if lab else ""
@@ -325,9 +334,7 @@ def s_ratio_curves(df: pd.DataFrame, x: str = "noise_ratio", hue: Sequence[str] 
         fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
     fig = axes[0].figure
     groups = list(_hue_groups(runs, hue))
-    # more lines than tab10 has colours: an ordered map, so no two lines share a colour
-    colors = plt.get_cmap("tab10").colors if len(groups) <= 10 else \
-        plt.get_cmap("viridis")(np.linspace(0, 0.95, len(groups)))
+    colors = line_colors(len(groups))
     for i, (lab, sub) in enumerate(groups):
         c = colors[i]
         for ax, col in ((axes[0], ratio), (axes[1], "test_acc")):

@@ -85,11 +85,16 @@ def _with_settings(title: str, cells: pd.DataFrame) -> str:
     return f"{title}\n{text}" if text else title
 
 
+def failed_text(n: int) -> str:
+    """``3 failed runs left out`` (the runs a figure's statistics do not cover)."""
+    return f"{n} failed run{'s' if n != 1 else ''} left out"
+
+
 def _seed_text(cells: pd.DataFrame) -> str:
     k = cells["n_seeds"].to_numpy()
     f = int(cells["n_failed"].sum()) if "n_failed" in cells.columns else 0
     s = _seeds(int(k.min()), int(k.max())) + " per cell"
-    return s + (f", {f} failed run{'s' if f > 1 else ''} left out" if f else "")
+    return s + (f", {failed_text(f)}" if f else "")
 
 
 def _seeds(k_min: int, k_max: int) -> str:

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from . import analysis as A
-from .plot_grid import _auto_log, _seeds, settings_text
-from .plot_style import REGIME_COLORS, _label, _new, _num, _plain_log, _short, plt
+from .plot_grid import _auto_log, _seeds, failed_text, settings_text
+from .plot_style import REGIME_COLORS, _label, _new, _num, _plain_log, _short, line_colors
 from .results import REGIMES
 
 
@@ -33,9 +33,7 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
     fig, ax = _new(ax, (6.0, 4.0))
     groups = list(cells.groupby(list(hue), sort=True)) if hue else [((), cells)]
-    # more lines than tab10 has colours: an ordered map, so no two lines share a colour
-    colors = plt.get_cmap("tab10").colors if len(groups) <= 10 else \
-        plt.get_cmap("viridis")(np.linspace(0, 0.95, len(groups)))
+    colors = line_colors(len(groups))
     for i, (key, sub) in enumerate(groups):
         sub = sub.sort_values(x)
         xv = sub[x].to_numpy(float)
@@ -60,8 +58,8 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     failed = 0 if A.is_aggregate(runs) or "status" not in runs.columns else \
         int((runs["status"].astype(str) != "ok").sum())
     ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
-                 + (f" ({failed} failed run{'s' if failed != 1 else ''} left out)" if failed
-                    else "") + (f"\n{text}" if text else ""), fontsize=10)
+                 + (f" ({failed_text(failed)})" if failed else "")
+                 + (f"\n{text}" if text else ""), fontsize=10)
     return fig, ax
 
 
@@ -103,6 +101,6 @@ def regime_shares(df: pd.DataFrame, x: str, ax=None, where: Mapping | None = Non
     failed = int(cells["n_failed"].sum())
     ax.set_title(title or f"regime shares (Wilson 95 % band) over "
                  f"{_seeds(int(k.min()), int(k.max()))}"
-                 + (f" ({failed} failed run{'s' if failed != 1 else ''} left out)" if failed
-                    else "") + (f"\n{text}" if text else ""), fontsize=10)
+                 + (f" ({failed_text(failed)})" if failed else "")
+                 + (f"\n{text}" if text else ""), fontsize=10)
     return fig, ax

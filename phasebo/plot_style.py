@@ -91,5 +91,11 @@ def _num(v, _=None) -> str:
     return f"{int(round(v))}" if abs(v - round(v)) < 1e-9 and abs(v) < 1e7 else f"{v:.3g}"
 
 
+def line_colors(n: int):
+    """``n`` line colours: tab10's, or past ten lines an ordered map, so no two lines share one."""
+    return plt.get_cmap("tab10").colors if n <= 10 else \
+        plt.get_cmap("viridis")(np.linspace(0, 0.95, n))
+
+
 def _short(col: str) -> str:
     return {"signal_norm": "‖μ‖", "noise_ratio": "r"}.get(col, col)

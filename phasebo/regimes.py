@@ -83,13 +83,11 @@ def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.
     train_acc = np.asarray(train_acc, float)
     shape = train_acc.shape
     test_acc = np.broadcast_to(np.asarray(test_acc, float), shape)
-    status = np.asarray(status, object)
-    if status.size and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                           for v in status.ravel()):  # run_one's codes (phasebo.train.Status)
-        names = ("ok", "diverged", "unsolved")
-        status = np.vectorize(lambda v: names[int(v)] if 0 <= int(v) < 3 else "error",
-                              otypes=[object])(status)
-    status = np.broadcast_to(status, shape)
+    codes = np.asarray(status)
+    if codes.dtype.kind in "iu":  # run_one's codes (phasebo.train.Status)
+        names = np.array(["ok", "diverged", "unsolved"], object)
+        status = np.where((codes >= 0) & (codes < 3), names[np.clip(codes, 0, 2)], "error")
+    status = np.broadcast_to(np.asarray(status, object), shape)
     test_eps = np.broadcast_to(np.asarray(test_eps, float), shape)
     fit_thr = np.broadcast_to(np.asarray(train_acc_fit, float), shape)
     reference = np.broadcast_to(np.asarray(reference, float), shape)

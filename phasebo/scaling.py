@@ -185,11 +185,11 @@ def horizon_text(b: pd.DataFrame) -> str:
     def num(v):
         return "∞" if np.isinf(v) else f"{v:g}"
 
-    steps, time = span("steps", lambda v: f"{int(v)}" if np.isfinite(v) else num(v)), \
-        span("time", num)
     if STEP in b.columns:  # each row is a recorded step: one step is the table's horizon
         k = b[STEP].dropna().unique()
         return f" at step {int(k[0])}" if len(k) == 1 else ""
+    steps, time = span("steps", lambda v: f"{int(v)}" if np.isfinite(v) else num(v)), \
+        span("time", num)
     if not (steps or time) and any(c in b.columns and len(b) and b[c].isna().all()
                                    for c in ("steps", "time")):
         return " at pooled horizons"  # over= pooled slices run to different horizons
