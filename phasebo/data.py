@@ -58,11 +58,14 @@ class Batch(NamedTuple):
     """A labelled set of token sequences."""
 
     X: jax.Array | None  # (n, T, d) full tokens, or None where only projections are needed
-    signal: jax.Array  # (n, T, 2) signal coordinates on (e1, e2)
+    # (n, T, 2) signal coordinates on (e1, e2); token-major (2, T, n) in a projected test set
+    # that is read so (prompt attention's: data.token_major)
+    signal: jax.Array
     y: jax.Array  # (n,) observed labels in {-1, +1} (float)
     y_clean: jax.Array  # (n,) clean labels
     flipped: jax.Array  # (n,) bool
     z: jax.Array | None = None  # standard normals of an exact projected test set, drawn once
+    # (n, T, 2), or token-major as signal
     # the noise part of X (X = noise + signal on e1, e2), where a span engine needs it apart:
     # runs that share their noise share its Gram (phasebo.engines.span.LowRank)
     noise: jax.Array | None = None
@@ -199,6 +202,15 @@ def projection_normals(key: jax.Array, shape, dtype) -> jax.Array:
     return materialised(jr.normal(jr.fold_in(key, 1), (*shape, 2), dtype))
 
 
+def token_major(x: jax.Array) -> jax.Array:
+    """``x: (n, T, 2) -> (2, T, n)``, computed once into memory (:func:`materialised`). A test set
+    read at every recorded step is read this way: each token's component is then one contiguous
+    row, and the test pass (:func:`projected_scores` with ``axis=0``, then
+    :func:`phasebo.metrics.attend` over axis 0) runs on whole vectors, where the ``(n, T, 2)``
+    layout reads every entry with a stride."""
+    return materialised(jnp.transpose(x, (2, 1, 0)))
+
+
 # Rows of the scatter that materialises a draw (see materialised)
 MATERIALISE_ROWS = 8
 
@@ -321,18 +333,21 @@ def sakamoto_sample(
 
 
 def projected_scores(
-    z: jax.Array, signal: jax.Array, q: jax.Array, nu: jax.Array, sigma: jax.Array
+    z: jax.Array, signal: jax.Array, q: jax.Array, nu: jax.Array, sigma: jax.Array, axis: int = -1
 ) -> tuple[jax.Array, jax.Array]:
     """Exact fresh tokens' attention logits ``x.q`` and head scores ``x.nu`` (isotropic noise).
 
     With ``nu_hat = nu/|nu|``: ``eps.nu = sigma |nu| z1`` and
     ``eps.q = sigma ((q.nu_hat) z1 + |q - (q.nu_hat) nu_hat| z2)``, ``z`` from :func:`projection_normals`.
-    Returns ``(logits, head)``, each ``(n_test, T)``.
+    ``z`` and ``signal`` hold their two components on ``axis``: ``(n_test, T, 2)`` gives
+    ``(logits, head)`` each ``(n_test, T)``; token-major ``(2, T, n_test)`` (:func:`token_major`,
+    ``axis=0``) gives them ``(T, n_test)``.
     """
     nu_norm = jnp.linalg.norm(nu)
     q_par = jnp.dot(q, nu) / nu_norm
     q_perp = jnp.sqrt(jnp.maximum(jnp.dot(q, q) - q_par**2, 0.0))
-    s1, s2, z1, z2 = signal[..., 0], signal[..., 1], z[..., 0], z[..., 1]
+    s1, s2, z1, z2 = (jax.lax.index_in_dim(x, c, axis, keepdims=False)
+                      for x in (signal, z) for c in (0, 1))
     # four scalars times four fixed (n_test, T) arrays: one fused pass (no contraction over 2)
     logits = s1 * q[0] + s2 * q[1] + (sigma * q_par) * z1 + (sigma * q_perp) * z2
     head = s1 * nu[0] + s2 * nu[1] + (sigma * nu_norm) * z1

@@ -36,8 +36,8 @@ def group_masks(y_clean, flipped):
     return (clean & pos, clean & ~pos, flipped & pos, flipped & ~pos)
 
 
-def _tokens(x):
-    return [x[..., t] for t in range(x.shape[-1])]
+def _tokens(x, axis=-1):
+    return [jax.lax.index_in_dim(x, t, axis, keepdims=False) for t in range(x.shape[axis])]
 
 
 def softmax_tokens(a):
@@ -64,11 +64,12 @@ def sum_tokens(x):
     return out
 
 
-def attend(logits, values):
-    """``sum_t softmax(logits)_t values_t`` over the last axis as ``sum(e v) / sum(e)`` with
+def attend(logits, values, axis=-1):
+    """``sum_t softmax(logits)_t values_t`` over the token ``axis`` as ``sum(e v) / sum(e)`` with
     ``e = exp(logits - max)``: one division per row, unrolled over the tokens (the test sets of
-    every recorded step go through here)."""
-    ls, vs = _tokens(logits), _tokens(values)
+    every recorded step go through here). With the tokens first (``axis=0``, a token-major test
+    set) each token is a contiguous row and every pass runs on whole vectors."""
+    ls, vs = _tokens(logits, axis), _tokens(values, axis)
     m = ls[0]
     for c in ls[1:]:
         m = jnp.maximum(m, c)

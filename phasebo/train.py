@@ -113,8 +113,8 @@ class Recorder(NamedTuple):
     the numbers the step itself would have given). Stored, the forward pass is not computed
     again after the loop (``view(now)``, an N x N product per record): measured in turns on 2
     busy cores (S2, d 2000, record_every = 10), 0.57 -> 0.59 of the runs/s without records. The
-    rest of a record's cost is its metrics, three quarters of it the test set's 8,000 tokens
-    (an exp each); the row writes themselves cost nothing measurable.
+    rest of a record's cost is its metrics, most of it the test set's 8,000 tokens (an exp each,
+    read token-major: :func:`phasebo.data.token_major`); the row writes cost nothing measurable.
     Otherwise the recorded scalars are computed at the step, stacked into one ``(R, M)`` row.
     ``lax.cond`` on an unbatched predicate keeps either off the other steps.
     """

@@ -14,8 +14,10 @@ from phasebo.data import (
     padded_width,
     projected_scores,
     sakamoto_sample,
+    token_major,
     token_roles,
 )
+from phasebo.metrics import attend
 from phasebo.models.prompt_attention import uniform_W, w_bound
 
 
@@ -80,6 +82,25 @@ def test_projected_scores_match_the_gaussian_law():
     emp = np.cov(np.stack([np.asarray(hd).ravel(), np.asarray(lg).ravel()]))
     want = 4.0 * np.array([[nu @ nu, nu @ q], [nu @ q, q @ q]])
     np.testing.assert_allclose(emp, want, rtol=0.04, atol=0.04 * np.abs(want).max())
+
+
+def test_token_major_test_pass_is_the_same_numbers():
+    """The token-major layout the records read ((2, T, n), axis 0) gives the (n, T, 2) layout's
+    logits, head scores and attention outputs exactly: a layout, not a different computation."""
+    b = sample(500, None, norm=3.0)
+    z = jr.normal(jr.PRNGKey(2), (500, 8, 2), jnp.float32)
+    rng = np.random.default_rng(1)
+    q, nu = (jnp.asarray(rng.normal(size=12), jnp.float32) for _ in range(2))
+    sig = jnp.asarray(b["signal"])
+    lg, hd = projected_scores(z, sig, q, nu, np.float32(1.5))
+    lg_t, hd_t = projected_scores(token_major(z), token_major(sig), q, nu, np.float32(1.5), axis=0)
+    assert token_major(z).shape == (2, 8, 500) and lg_t.shape == (8, 500)
+    np.testing.assert_array_equal(np.asarray(lg_t), np.asarray(lg).T)
+    np.testing.assert_array_equal(np.asarray(hd_t), np.asarray(hd).T)
+    out, out_t = attend(lg, hd), attend(lg_t, hd_t, axis=0)
+    np.testing.assert_array_equal(np.asarray(out_t), np.asarray(out))
+    want = np.sum(np.asarray(jax.nn.softmax(lg, -1)) * np.asarray(hd), -1)
+    np.testing.assert_allclose(np.asarray(out_t), want, rtol=1e-5, atol=1e-6)
 
 
 def test_projected_test_set_agrees_with_sampled_tokens():

@@ -33,6 +33,7 @@ from ..data import (
     sakamoto_roles,
     sakamoto_sample,
     signal_pattern,
+    token_major,
 )
 from ..engines.span import SpanProblem, SpanWProblem, gamma_dot, gram_dot, signal_gram
 from ..metrics import attend, query_metrics
@@ -160,7 +161,11 @@ class PromptAttentionModel(Model):
         sampled = static.test_mode == "sampled"
         b = sakamoto_sample(key, static.n_test, static.d if sampled else None, roles, sw,
                             label_mode=static.label_mode, label_noise=None, dtype=dtype, dim=dim)
-        return b if sampled else b._replace(z=projection_normals(key, (static.n_test, static.T), dtype))
+        if sampled:
+            return b
+        # token-major (see token_major): the test pass of every record reads it
+        return b._replace(z=token_major(projection_normals(key, (static.n_test, static.T), dtype)),
+                          signal=token_major(b.signal))
 
     def init(self, static, sw, key, batch):
         dtype = dtype_of(static)
@@ -186,7 +191,8 @@ class PromptAttentionModel(Model):
         if static.test_mode == "sampled":
             lg, hd = test.X @ q, test.X @ m.nu
         else:
-            lg, hd = projected_scores(test.z, test.signal, q, m.nu, sw["sigma_eps"])
+            lg, hd = projected_scores(test.z, test.signal, q, m.nu, sw["sigma_eps"], axis=0)
+            return attend(lg, hd, axis=0)
         return attend(lg, hd)
 
     def param_metrics(self, m, static, sw):
