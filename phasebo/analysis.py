@@ -239,6 +239,17 @@ def other_axes(df: pd.DataFrame, *axes: str | None) -> list[str]:
             and not any(tied(df, a, ax) for ax in axes)]
 
 
+def untied(df: pd.DataFrame, axes: Sequence[str]) -> list[str]:
+    """``axes`` less those tied to an earlier one (:func:`tied`): the settings that tell the
+    cells apart, each named once (a sweep of two models: ``model``, not also the engine and
+    every setting only one of them has)."""
+    kept: list[str] = []
+    for a in axes:
+        if not any(tied(df, a, k) for k in kept):
+            kept.append(a)
+    return kept
+
+
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Numeric columns of a results table that are measurements (not settings)."""
     skip = setting_names(df) | set(RUN_COLUMNS) | set(DERIVED) | {STEP}

@@ -23,8 +23,9 @@ interval lies inside the gap, is ``"unresolved"``, and its interval holds that g
 A bootstrap replicate that drew no run of ``A`` (or of ``B``) has no boundary in the
 range: it counts as beyond the range on that regime's side (+-inf), so an interval the seeds
 cannot bound comes out infinite. A slice whose estimate lies in the range but whose interval the
-seeds cannot bound (infinite, reaching 0 on a log axis or past the sampled ``x`` range, or from
-one seed, which has no spread to resample) is ``"unbounded"``:
+seeds cannot bound (infinite, reaching 0 on a log axis or past the sampled ``x`` range, from
+fewer than :data:`MIN_SEEDS` seeds, or of zero width because every seed drew the same regimes:
+no spread to resample) is ``"unbounded"``:
 more seeds, not a finer grid, would place it (a ``"separated"`` slice keeps its status, with the
 open interval).
 
@@ -56,6 +57,10 @@ import pandas as pd
 from .analysis import STEP, at_step, is_aggregate, setting_columns
 from .regimes import REGIME_ORDER
 from .settings import suggest
+
+# seeds below which a slice's bootstrap interval is not a measurement (status unbounded): two
+# seeds give three distinct resamples
+MIN_SEEDS = 3
 
 SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
                   "too_few")
@@ -140,8 +145,9 @@ def _t_quantile(p: float, nu: int) -> float:
 
 
 def _slice_rng(seed: int, key: tuple) -> np.random.Generator:
-    """The bootstrap's generator of one slice, from ``seed`` and the slice's key alone: a slice
-    gets the same interval whichever other slices (steps, sweeps) are fitted beside it."""
+    """The bootstrap's generator of one slice, from ``seed`` and the slice's key alone (its step
+    left out): a slice gets the same interval whichever other slices (steps, sweeps) are fitted
+    beside it, and from the results table or the dynamics table at the same step."""
     words = [float(v) if isinstance(v, (int, float, np.number)) else str(v) for v in key]
     return np.random.default_rng([seed, zlib.crc32(repr(words).encode())])
 
@@ -238,9 +244,12 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
         if steep or pure:
             status = "unresolved"
             lo, hi = min(lo, below[-1]), max(hi, above[0])
-    # one seed has no spread to resample (a zero-width interval says nothing); an ok interval
-    # past the sampled x: more seeds would bound it (an unresolved one holds its grid gap)
-    beyond = U < 2 or (status == "ok" and not (t.min() <= lo and hi <= t.max()))
+    # one or two seeds have no spread to resample (one resample, or three), nor do seeds that
+    # all drew the same regimes (noise shared along the map, a settled slice): a zero-width
+    # interval says nothing. An ok interval past the sampled x: more seeds would bound it (an
+    # unresolved one holds its grid gap)
+    flat = len(boots) > 0 and np.isfinite(boots).all() and np.ptp(boots) == 0
+    beyond = U < MIN_SEEDS or flat or (status == "ok" and not (t.min() <= lo and hi <= t.max()))
     with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
         est, lo, hi = float(back(est)), float(back(lo)), float(back(hi))
     if status in ("ok", "unresolved") and (beyond or not bounded(lo, hi, log)):
@@ -371,7 +380,8 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
         rows.append({**dict(zip(keys, key)),
                      **{c: _one_value(d[c]) for c in horizon},
                      **_slice(d, x, regime, tuple(between), log, n_boot, level,
-                              _slice_rng(seed, key))})
+                              _slice_rng(seed, tuple(v for k, v in zip(keys, key)
+                                                     if k not in (STEP, "time"))))})
     out = pd.DataFrame(rows)
     if out.empty:
         return out

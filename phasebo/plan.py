@@ -218,6 +218,10 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
                                    own)
         if first is not own:  # the same runs (ids, keys, numbers) under another name
             raise ConfigError(_same_runs(first, own))
+        for a in cell.swept_axes:  # an axis swept inside the cell that changes no run: likewise
+            vals = spec.axes.get(a, ())
+            if a in model.settings and not model.settings[a].identity and len(vals) > 1:
+                raise ConfigError(_same_runs({a: vals[0]}, {a: vals[1]}))
         static = model.static_of(own)
         engine = resolve_engine(model, static)
         program = engine.program(model, static)

@@ -16,8 +16,9 @@ from .plot_style import LOG_AXES, Theory, _label, _num, _plain_log, _short
 
 
 def _auto_log(col: str, vals: np.ndarray) -> bool:
-    """Linear for an evenly spaced grid, log for a geometric one (>= 3 values); otherwise log
-    for a positive axis of :data:`LOG_AXES` spanning at least a factor 10."""
+    """Linear for an evenly spaced grid, log for a geometric one (>= 3 values) or an uneven one
+    spanning at least a factor 10 whose steps are more even on a log scale; otherwise log for a
+    positive axis of :data:`LOG_AXES` spanning at least a factor 10."""
     vals = np.unique(np.asarray(vals, float))
     if len(vals) < 2 or (vals <= 0).any():
         return False
@@ -27,6 +28,9 @@ def _auto_log(col: str, vals: np.ndarray) -> bool:
             return False
         if np.allclose(r, r[0], rtol=0.05) and r[0] > 1.3:
             return True
+        lr = np.diff(np.log(vals))  # an uneven grid spanning a factor 10 or more: the scale on
+        if vals.max() / vals.min() >= 10 and lr.max() / lr.min() < step.max() / step.min():
+            return True  # which its steps are more even (0.001, 0.06, 1: log)
     return bool(col in LOG_AXES and vals.max() / vals.min() >= 10)
 
 
@@ -103,8 +107,9 @@ def _seeds(k_min: int, k_max: int) -> str:
                                                                       else " seeds")
 
 
-TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "lr", "steps", "dynamics", "flow_time",
-                  "weight_decay", "d", "signal_norm")
+TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "optimizer", "lr", "lr_schedule",
+                  "batch_size", "steps", "epochs", "dynamics", "flow_time", "weight_decay", "d",
+                  "signal_norm")
 
 
 TITLE_WIDTH = 72  # characters of a title line at the figures' 10 pt on a 6.4-inch-wide figure
@@ -132,6 +137,19 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
             parts.append("converged limit")
         if c in ("lr", "steps") and one("dynamics") == "limit":
             continue  # a limit has no step size and no steps
+        if c == "steps" and v is None and c in df.columns and c not in skip \
+                and df[c].notna().any():  # the horizon varies with the lines: its range
+            lo, hi = _num(df[c].min()), _num(df[c].max())
+            parts.append(f"{lo} steps" if lo == hi else f"{lo}–{hi} steps")
+            continue
+        if c == "optimizer" and isinstance(v, str) and v != "sgd":
+            parts.append(v)  # plain GD (sgd), the papers' rule: nothing to say
+            continue
+        if c == "lr_schedule" and isinstance(v, str) and v != "constant":
+            parts.append(f"{v} schedule")
+            continue
+        if c in ("batch_size", "epochs") and v is not None and not v:
+            continue  # 0: full batch, a step count
         if v is None or isinstance(v, str) or (isinstance(v, float) and not np.isfinite(v)):
             continue
         if c == "weight_decay":  # plain GD (0): nothing to say
@@ -143,8 +161,9 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
                          f"recorded steps {_num(df['step'].min())}–{_num(df['step'].max())} "
                          f"of {_num(v)}")
             continue
-        parts.append(f"{_num(v)} steps" if c == "steps" else f"τ {_num(v)}" if c == "flow_time"
-                     else f"{_short(c)} {_num(v)}")
+        parts.append(f"{_num(v)} steps" if c == "steps" else f"{_num(v)} epochs" if c == "epochs"
+                     else f"batch {_num(v)}" if c == "batch_size"
+                     else f"τ {_num(v)}" if c == "flow_time" else f"{_short(c)} {_num(v)}")
     lines = [""]
     for part in parts:  # lines of at most TITLE_WIDTH characters: a long title is not cut off
         if lines[-1] and len(lines[-1]) + 2 + len(part) > TITLE_WIDTH:

@@ -28,11 +28,13 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     runs = A.select(df, where)
     cells = runs if A.is_aggregate(runs) else None
     if hue is None:
-        hue = A.other_axes(runs, x) if cells is None else []
+        hue = A.untied(runs, A.other_axes(runs, x)) if cells is None else []
     if cells is None:
         cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
     fig, ax = _new(ax, (6.0, 4.0))
-    groups = list(cells.groupby(list(hue), sort=True)) if hue else [((), cells)]
+    # dropna=False: a setting only some models of the sweep have is NaN for the others, and
+    # their lines are lines too
+    groups = list(cells.groupby(list(hue), sort=True, dropna=False)) if hue else [((), cells)]
     colors = line_colors(len(groups))
     for i, (key, sub) in enumerate(groups):
         sub = sub.sort_values(x)
@@ -40,8 +42,8 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         m = sub[f"{value}_mean"].to_numpy(float)
         se = np.nan_to_num(sub[f"{value}_se"].to_numpy(float))
         key = key if isinstance(key, tuple) else (key,)
-        lab = ", ".join(f"{_short(h)}={_num(k) if isinstance(k, (int, float, np.number)) else k}"
-                        for h, k in zip(hue, key)) or None
+        lab = ", ".join(f"{_short(h)}={_num(k)}" for h, k in zip(hue, key)
+                        if not pd.isna(k)) or None  # a setting this line's model lacks: unnamed
         c = colors[i]
         ax.plot(xv, m, "o-", color=c, ms=3, lw=1.6, label=lab)
         ax.fill_between(xv, m - se, m + se, color=c, alpha=0.2, lw=0)
@@ -57,8 +59,11 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     text = settings_text(runs, skip=(x, *hue))
     failed = 0 if A.is_aggregate(runs) or "status" not in runs.columns else \
         int((runs["status"].astype(str) != "ok").sum())
+    empty = "" if A.is_aggregate(runs) else ", ".join(  # cells with no value (no flipped sample)
+        sorted({_num(v) for v in k[k == 0].index.get_level_values(0)}, key=float))
     ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
                  + (f" ({failed_text(failed)})" if failed else "")
+                 + (f"; no value at {_short(x)} = {empty}" if empty else "")
                  + (f"\n{text}" if text else ""), fontsize=10)
     return fig, ax
 

@@ -46,7 +46,16 @@ from .boundaries import boundaries
 from .regimes import REGIME_ORDER
 from .scaling import summary
 from .settings import ConfigError, suggest
-from .store import clear_boundaries, hold_dir, said_cleared, tables_digest
+from .store import (
+    FIGURE_SUFFIXES,
+    TABLES,
+    clear_boundaries,
+    clear_derived,
+    hold_dir,
+    holds_runs,
+    said_cleared,
+    tables_digest,
+)
 
 REFINE_KEYS = {"between": list, "x": str, "y": str, "rounds": int, "target": float,
                "max_points": int, "seeds": int}
@@ -215,6 +224,31 @@ def _combine(tables: list, r: Refinement, log: list, out_dir: Path, quiet: bool 
     return runs, b
 
 
+def adopt_sweep(out_dir: Path, dry: bool = False) -> bool:
+    """A refinement writes its rounds under ``out_dir/round-<k>`` and the combined tables in
+    ``out_dir`` itself. A directory that holds a plain sweep's runs (the same command without
+    ``--refine`` ran first) has them moved into ``round-0``, where round 0 finds them done (or
+    refuses them, as any sweep, when they are another sweep's): nothing is computed twice, and
+    no table of the plain sweep is left beside the refinement's. True when there is such a
+    sweep to adopt (``dry``: nothing is moved)."""
+    out_dir = Path(out_dir)
+    if not holds_runs(out_dir):
+        return False
+    r0 = out_dir / "round-0"
+    if r0.exists():
+        raise ConfigError(f"{out_dir} holds the runs of a sweep and a refinement's round-0: the "
+                          "refined tables would replace the sweep's; fix: --out another "
+                          "directory, or --overwrite to discard them")
+    if dry:
+        return True
+    r0.mkdir()
+    for f in sorted(out_dir.iterdir()):
+        if f.name in ("parts", "figures", "manifest.json", *TABLES) or f.is_file() and (
+                f.suffix in FIGURE_SUFFIXES or f.name.startswith("boundar")):
+            f.rename(r0 / f.name)
+    return True
+
+
 def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = None, *,
                  run_sweep, quiet: bool = False, plots: bool = True, formats=("png",),
                  dpi: int = 150, **run_kw) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -229,6 +263,12 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
 
         pi = jax.process_index()
     with hold_dir(out_dir, pi, "refinement"):  # a second refinement into it is refused
+        if run_kw.get("overwrite") and holds_runs(out_dir):  # the plain sweep's runs go
+            clear_derived(out_dir)
+            (out_dir / "manifest.json").unlink(missing_ok=True)
+        if adopt_sweep(out_dir) and not quiet:
+            print(f"refine: the runs already in {out_dir} are round 0: moved to "
+                  f"{out_dir / 'round-0'}", file=sys.stderr)
         integer_x = all(isinstance(v, int) for v in spec.axes[r.x])
         root = int(spec.fixed.get("root_seed", 0))
         tables, log = [], []

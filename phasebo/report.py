@@ -437,11 +437,14 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
         fig, _ = P.s_ratio_curves(runs)
         paths += P.save(fig, out / "s_ratio_curves", formats, dpi)
     smp_path = results_dir / "samples.parquet"
-    n_cells = len(runs.drop_duplicates(axes)) if axes else 1
+    # the cells: every setting that tells them apart, the model included (a [[cases]] sweep of
+    # two models), each named once
+    keys = A.untied(runs, A.cell_axes(runs))
+    n_cells = len(runs.drop_duplicates(keys)) if keys else 1
     if 1 < n_cells <= 6:  # few cells (a [[cases]] sweep): every one, never one per regime
-        cells = A.aggregate(runs, by=axes, metrics=["test_acc"])
+        cells = A.aggregate(runs, by=keys, metrics=["test_acc"])
         reps = [(f"{c['regime']}_{P.slice_tag(w)}", str(c["regime"]), w)
-                for _, c in cells.iterrows() for w in [{a: c[a] for a in axes}]]
+                for _, c in cells.iterrows() for w in [{a: c[a] for a in keys}]]
     else:
         reps = [(r, r, w) for r, w in
                 representative_cells(runs, axes[:2] if len(axes) <= 2 else axes)]
@@ -449,6 +452,8 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
         smp = A.load_samples(results_dir)
         for name, r, w in reps:
             one = A.select(smp, {**w, "seed": 0})
+            if one["sel_e1"].isna().all():  # a cell of another model of the sweep
+                continue
             rr = A.select(runs, {**w, "seed": 0}).iloc[0]
             title = (", ".join(f"{P._short(a)}={P._num(v)}" for a, v in w.items()) + " — " if w
                      else "") + f"train {rr['train_acc']:.2f} / test {rr['test_acc']:.2f} ({r})"

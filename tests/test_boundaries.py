@@ -182,8 +182,20 @@ def test_refinement_adds_points_between_disagreeing_neighbours_and_resumes(tmp_p
                             "target": 0.01, "max_points": 1})
     # the plain sweep first, in the same directory (the README's order): the refinement's table
     # of every round then sits beside the plain sweep's manifest, and is read as it is
-    pb.run_sweep(spec, tmp_path / "ref", quiet=True, plots=False)
+    plain = pb.run_sweep(spec, tmp_path / "ref", quiet=True, plots=False)
+    part = sorted((tmp_path / "ref" / "parts").glob("results-*.parquet"))[0]
+    mtime = part.stat().st_mtime_ns
     runs, b = pb.refine_sweep(spec, r, tmp_path / "ref", quiet=True)
+    # the plain sweep's runs became round 0, moved, not run again; none of its tables is left
+    # beside the refinement's (its manifest and samples would describe other runs)
+    moved = tmp_path / "ref" / "round-0" / "parts" / part.name
+    assert moved.stat().st_mtime_ns == mtime
+    assert not (tmp_path / "ref" / "parts").exists()
+    assert not (tmp_path / "ref" / "manifest.json").exists()
+    assert not (tmp_path / "ref" / "samples.parquet").exists()
+    pd.testing.assert_frame_equal(
+        runs[runs["round"] == 0].drop(columns="round").reset_index(drop=True),
+        plain.reset_index(drop=True), check_like=True, check_dtype=False, check_categorical=False)
     assert runs["run_id"].is_unique
     assert set(runs["round"]) >= {0, 1}
     first = runs[runs["round"] == 0]
@@ -421,6 +433,23 @@ def test_one_seed_or_an_interval_past_the_grid_is_unbounded():
     r = boundaries(pd.DataFrame(rows), "m", "d", ("not_overfitting", "benign")).iloc[0]
     assert 3.0 < r["boundary"] < 15.0 and 0 < r["lo"] < 3.0 < r["hi"] < 15.0, r
     assert r["status"] == "unbounded", r
+
+
+def test_seeds_with_no_spread_to_resample_give_no_ok_interval():
+    """Two seeds, or seeds that all drew the same regimes (noise shared along the map): the
+    bootstrap has no spread, and its zero-width interval is no measurement (unbounded)."""
+    xs = [250, 375, 500, 625, 750, 875, 1000, 1125]
+    pattern = ["A", "A", "A", "B", "A", "B", "B", "B"]  # non-monotone, as a shared-noise map
+    for seeds in (2, 6):
+        rows = [{"mu": 1.0, "seed": s, "d": x, "regime": {"A": "not_overfitting", "B": "benign"}[p]}
+                for s in range(seeds) for x, p in zip(xs, pattern)]
+        r = boundaries(pd.DataFrame(rows), "d", "mu", ("not_overfitting", "benign")).iloc[0]
+        assert r["status"] == "unbounded", (seeds, r)
+    # and a dynamics table at one step gives the results table's interval (the step is no key)
+    df = planted(np.random.default_rng(3), seeds=8)
+    a = boundaries(df, "signal_norm", "d").set_index("d")
+    b = boundaries(df.assign(step=1000), "signal_norm", "d").set_index("d")
+    np.testing.assert_array_equal(a["lo"].to_numpy(), b["lo"].to_numpy())
 
 
 def test_no_ok_run_and_a_text_axis_are_refused_in_one_line():

@@ -390,3 +390,32 @@ def test_line_figures_say_how_many_failed_runs_they_leave_out():
     fig, ax = P.line_plot(df.assign(status="ok"), "noise_ratio", "test_acc")
     assert "failed" not in ax.get_title()
     P.plt.close(fig)
+
+
+def test_a_sweep_of_two_models_draws_a_line_per_model_and_plots_again(tmp_path):
+    """Settings only one model has are NaN for the other: its line is drawn (not dropped as a NaN
+    group), named by the model alone, and ``phasebo plot`` redraws the directory."""
+    spec = pb.spec_from_dict({"n": 20, "d": 100, "noise_ratio": 0.2}, {"signal_norm": [5.0, 20.0]},
+                             cases=[{"model": "prompt_attention", "steps": 20},
+                                    {"model": "constructed_query"}], seeds=2, name="two")
+    df = run_sweep(spec, tmp_path / "two", quiet=True, plots=False)
+    fig, ax = P.line_plot(df, "signal_norm", "test_acc")
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["model=constructed_query", "model=prompt_attention"], labels
+    assert all(len(line.get_xdata()) == 2 for line in ax.get_lines())
+    assert "20 steps" in ax.get_title()  # the horizon of the model that has one
+    assert plot_main([str(tmp_path / "two")]) == 0
+    assert list((tmp_path / "two" / "figures").glob("token_projection_*constructed_query*.png"))
+
+
+def test_titles_state_the_horizon_and_rule_and_spread_grids_get_a_log_axis():
+    from phasebo.plot_grid import _auto_log, settings_text
+
+    df = pd.DataFrame({"model": "vit_digits", "n": [20, 40], "steps": [60, 90], "epochs": 30,
+                       "optimizer": "adamw", "batch_size": 16, "lr": 3e-4,
+                       "lr_schedule": "linear"})
+    text = settings_text(df, skip=("n",)).replace("\n", " ")
+    for part in ("adamw", "linear schedule", "batch 16", "60–90 steps", "30 epochs"):
+        assert part in text, text
+    assert _auto_log("query_lambda", np.array([0.001, 0.06, 1.0]))
+    assert not _auto_log("x", np.array([1.0, 2.0, 3.0, 5.0]))

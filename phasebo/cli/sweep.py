@@ -340,9 +340,10 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                 raise ConfigError("--rounds/--target refine a boundary; fix: add --refine A,B "
                                   "(e.g. --refine benign,harmful) or a [refine] block")
             if block:  # checked before anything runs, and by the dry run as by the run
-                from ..refine import parse_refine, refine_sweep
+                from ..refine import adopt_sweep, parse_refine, refine_sweep
 
                 r = parse_refine(spec, block, where=f"{spec.name}: ")
+                adopt = not args.overwrite and adopt_sweep(out, dry=True)
             if args.dry_run:
                 pl = plan(spec, n_devices=args.devices, memory_budget=budget,
                           chunk_size=args.chunk_size, block_size=args.block_size)
@@ -354,7 +355,10 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
 
                     plot_notes(spec)  # the notes the run will print about [plot] entries
                 if block:  # round 0 is a sweep of its own directory; the rounds follow it
-                    dry_run(spec, pl, out / "round-0", overwrite=args.overwrite)
+                    if adopt:
+                        print(f"  the runs already in {out} become round 0 (moved to "
+                              f"{out / 'round-0'})")
+                    dry_run(spec, pl, out if adopt else out / "round-0", overwrite=args.overwrite)
                     refine_dry_run(r, out, overwrite=args.overwrite)
                 else:
                     dry_run(spec, pl, out, overwrite=args.overwrite)
