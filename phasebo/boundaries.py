@@ -460,3 +460,11 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
     out["x"] = x
     out["between"] = f"{value}={level:g}"
     return out
+
+
+if __name__ == "__main__":  # python -m phasebo.boundaries: the command of the same name
+    import sys
+
+    from .cli import main
+
+    sys.exit(main(["boundaries", *sys.argv[1:]]))

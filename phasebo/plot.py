@@ -550,11 +550,12 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
     if "step" in runs.columns and "step" in b.columns and b["step"].nunique() == 1:
         runs = runs[runs["step"] == b["step"].iloc[0]]  # the map at the boundaries' step
     fig, ax = regime_map(runs, x, y, title=title)
-    if title is None and "fitting" in b.columns and len(b) and \
-            b["fitting"].iloc[0] == "not_overfitting":  # the estimator, on the figure
+    if title is None and "fitting" in b.columns and len(b):  # the estimator, on the figure
+        how = {"not_overfitting": "runs still fitting as not overfitting",
+               "apart": "runs still fitting left apart"}.get(str(b["fitting"].iloc[0]))
         head, *rest = ax.get_title().split("\n", 1)
-        ax.set_title("\n".join([f"{head}, runs still fitting as not overfitting", *rest]),
-                     fontsize=10)
+        if how:
+            ax.set_title("\n".join([f"{head}, {how}", *rest]), fontsize=10)
     row = power_law_row(b, x, y)
     fit = th = None
     if row["status"] != "too_few_slices":

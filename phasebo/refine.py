@@ -311,3 +311,10 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
             fig = boundary_figure(runs, b, r.x, r.y)
             save(fig, out_dir / f"boundary_{r.between[0]}_{r.between[1]}", formats, dpi)
         return runs, b
+
+
+if __name__ == "__main__":  # a library module: the refinement runs through the sweep command
+    print("python -m phasebo.refine: a refinement runs through the sweep command; fix: "
+          "python -m phasebo.sweep FILE --refine A,B [--rounds R --target W], or a [refine] "
+          "block in the file", file=sys.stderr)
+    sys.exit(2)

@@ -285,7 +285,8 @@
       `<td>${b.status}</td><td>${b.n_seeds}</td></tr>`).join("");
     el.innerHTML = `<p>Along ${label(D.x)}, one per ${label(D.y)}: the ${label(D.x)} where a ` +
       `logistic fit over the runs of the two regimes crosses ½, its 95% interval a bootstrap ` +
-      `over seeds (computed in ${D.boundaries_s} s).</p><table><tr><th>between</th>` +
+      `over seeds; runs still fitting their labels at the horizon are left apart, not counted ` +
+      `as either regime (computed in ${D.boundaries_s} s).</p><table><tr><th>between</th>` +
       `${D.facets.length ? "<th>slice</th>" : ""}<th>${label(D.y)}</th><th>boundary</th><th>95% CI</th><th>status</th>` +
       `<th>seeds</th></tr>${rows}</table>`;
   }

@@ -495,3 +495,9 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
     return paths
 
 
+
+
+if __name__ == "__main__":  # python -m phasebo.report: the command of the same name
+    from .cli import main
+
+    sys.exit(main(["report", *sys.argv[1:]]))

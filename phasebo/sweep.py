@@ -170,8 +170,14 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                           f"{', ...' if len(stale) > 3 else ''})", file=sys.stderr)
         except KeyboardInterrupt:
             _stopped(out_dir, spec, prov, t_start, stats)
+            # the figures and report of the runs before, beside tables that may be new, would
+            # read as current: they go, and the same command draws them again
+            gone = clear_figures(out_dir)
             print(f"interrupted while writing the tables and figures: every run is saved under "
-                  f"{out_dir / 'parts'}; run the same command again to write them", file=sys.stderr)
+                  f"{out_dir / 'parts'}"
+                  + (f"; removed the {len(gone)} figure(s) and report of the runs before"
+                     if gone else "")
+                  + "; run the same command again to write them", file=sys.stderr)
             raise
         t_write = time.perf_counter() - t
         wall = time.time() - t_start
@@ -190,6 +196,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                               f"{path.name})")
             except KeyboardInterrupt:
                 _stopped(out_dir, spec, prov, t_start, stats)
+                (out_dir / "report.html").unlink(missing_ok=True)  # the runs before's, if any
                 print(f"interrupted while writing report.html: the runs, tables and figures are "
                       f"saved; fix: phasebo report {out_dir}", file=sys.stderr)
                 raise

@@ -360,3 +360,26 @@ def test_tables_of_a_grow_that_did_not_finish_are_refused_until_it_does(tmp_path
     monkeypatch.undo()
     run_sweep(grown, out, quiet=True)  # the same command again draws the figures and the report
     assert (out / "report.html").exists() and len(pb.load(out)) == 10
+
+
+def test_ctrl_c_while_drawing_leaves_no_figure_of_the_runs_before(tmp_path, capsys, monkeypatch):
+    """Interrupted while the grown sweep's figures are drawn: the old figures and report.html
+    (of fewer runs) are removed, not left beside the new tables as current."""
+    import phasebo as pb
+    from phasebo import report
+
+    out = tmp_path / "a"
+    run_sweep(_toy_spec(), out, quiet=True)
+    old = json.loads((out / "manifest.json").read_text())["figures"]
+    assert old and (out / "report.html").exists()
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "sweep_figures", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(_toy_spec(mus=(3.0, 30.0, 10.0)), out, quiet=True)
+    assert "removed the" in capsys.readouterr().err
+    assert not (out / "report.html").exists()
+    assert not any((out / f).exists() for f in old)
+    assert len(pb.load(out)) == 6  # the tables are whole

@@ -77,8 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="validate and print the plan (groups, engines, memory, time, disk) only")
     p.add_argument("--refine", metavar="A,B",
-                   help="refine the grid around the boundary between regimes A and B (see "
-                        "phasebo.refine; or a [refine] block in the file)")
+                   help="refine the grid around the boundary between regimes A and B (or a "
+                        "[refine] block in the file; README: Adaptive refinement)")
     p.add_argument("--rounds", type=int, help="refinement rounds after the first grid")
     p.add_argument("--target", type=float,
                    help="refine until each boundary CI is at most this fraction of it")
