@@ -227,15 +227,15 @@ def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> di
                 "it, or set it in [[cases]] together with model = one of those")
     own = {k: v for k, v in settings.items() if k in model.settings}
     if "epochs" in given and "steps" in given and own.get("epochs"):
-        raise ConfigError(f"{where}steps and epochs = {own['epochs']!r} both set the length of "
-                          "the run; fix: remove one (epochs gives steps = epochs x "
-                          "ceil(n / batch_size))")
+        raise ConfigError(f"{where}steps and epochs = {own['epochs']!r} both set the run's "
+                          "length; fix: remove one, e.g. --unset steps (steps = epochs x ceil(n/batch))")
     for k in sorted(given):
         req = model.settings[k].requires
         if req is not None and own.get(req[0]) != req[1]:
             raise ConfigError(
                 f"{where}{k} = {own[k]!r} has no effect unless {req[0]} = {_toml(req[1])} (it is "
-                f"{_toml(own.get(req[0]))}); fix: set {req[0]} = {_toml(req[1])}, or remove {k}")
+                f"{_toml(own.get(req[0]))}); fix: set {req[0]} = {_toml(req[1])}, or remove {k} "
+                f"(--unset {k})")
     if own.get("dynamics") == "limit" and "lr" in given:
         raise ConfigError(f"{where}lr = {own['lr']!r} has no effect: dynamics = \"limit\" has no "
                           "step size (L-BFGS finds the minimiser directly); fix: remove lr")

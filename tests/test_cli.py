@@ -550,3 +550,24 @@ def test_boundaries_by_draws_a_figure_per_slice_and_over_none(tmp_path, capsys):
     assert run(["boundaries", *common, "--over", "lr"]) == 0
     assert "no figure: the slices pool lr (--over)" in capsys.readouterr().out
     assert len(list(tmp_path.glob("boundary_*.png"))) == 2
+
+
+def test_unset_drops_an_included_setting_so_another_rule_applies(tmp_path, capsys):
+    """A file whose include sets steps cannot become a flow by --set alone (steps would be
+    ignored, which is refused); --unset steps drops it, names its own directory, and refuses a
+    setting the file does not give or does not exist."""
+    from phasebo.cli.sweep import main
+
+    base = tmp_path / "base.toml"
+    base.write_text('[settings]\nmodel = "prompt_attention"\nd = 300\nsteps = 50\n')
+    f = tmp_path / "f.toml"
+    f.write_text('include = "base.toml"\nname = "f"\n[axes]\nsignal_norm = [5.0, 20.0]\n')
+    flow = ["--set", "dynamics=flow", "--set", "flow_time=2.0", "--dry-run"]
+    assert main([str(f), *flow]) == 2
+    assert "--unset steps" in capsys.readouterr().err
+    assert main([str(f), "--unset", "steps", *flow]) == 0
+    assert "steps=unset" in capsys.readouterr().out
+    assert main([str(f), "--unset", "weight_decay", "--dry-run"]) == 2
+    assert "does not set it" in capsys.readouterr().err
+    assert main([str(f), "--unset", "stepz", "--dry-run"]) == 2
+    assert "did you mean 'steps'" in capsys.readouterr().err

@@ -20,7 +20,8 @@ from .. import config as C
 from ..config import SweepSpec
 from ..execute import Abandoned, SigintLatch, traced_columns
 from ..plan import Plan, describe, plan
-from ..settings import ConfigError, cache_dir
+from ..registry import all_settings
+from ..settings import ConfigError, cache_dir, suggest
 from ..store import check_out_dir, count_done, holder, is_subset, read_manifest
 from ..sweep import run_sweep
 from .args import Parser, at_least, figure_formats
@@ -56,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting; a list [a, b] or a range {start=..,stop=..,step=..} "
                         "makes an axis")
+    p.add_argument("--unset", action="append", default=[], metavar="KEY",
+                   help="drop a setting the file (or a file it includes) gives, so its default "
+                        "applies: e.g. --unset steps --set dynamics=flow --set flow_time=50")
     p.add_argument("--seeds", type=int, help="seeds per grid cell (more seeds grow a finished "
                                              "sweep in place)")
     p.add_argument("--chunk-size", type=int, help="runs per host chunk (default: sized by "
@@ -106,7 +110,30 @@ def _fmt_value(v) -> str:
     return str(v)
 
 
-def override_slug(overrides: dict, spec: SweepSpec) -> str:
+def load_unset(path, unset, overrides: dict, seeds) -> SweepSpec:
+    """:func:`phasebo.config.load_sweep` with the settings ``unset`` names dropped from the file
+    (and the files it includes) first: ``[settings]``, ``[axes]``, ``[regime]`` and every case."""
+    if not unset:
+        return C.load_sweep(path, overrides, seeds)
+    raw = C.read_sweep_file(path)
+    for key in unset:
+        if key not in all_settings():
+            raise ConfigError(f"--unset {key}: no such setting{suggest(key, all_settings())}; "
+                              "fix: phasebo settings lists them")
+        held = [raw.get(sec, {}) for sec in ("settings", "axes", "regime")] + list(
+            raw.get("cases", []))
+        if not any(key in h for h in held):
+            raise ConfigError(f"--unset {key}: {path} does not set it (nor a file it includes); "
+                              "fix: drop --unset, or --set it")
+        if key in overrides:
+            raise ConfigError(f"--unset {key} and --set {key} both given; fix: --set alone "
+                              "replaces the file's value")
+        for h in held:
+            h.pop(key, None)
+    return C.build_spec(raw, Path(path).stem, overrides, seeds, where=f"{Path(path).name}: ")
+
+
+def override_slug(overrides: dict, spec: SweepSpec, unset=()) -> str:
     """A directory name for a set of ``--set`` overrides, canonical: the keys sorted, each value
     as the sweep expanded it (a range written out, ``10`` and ``10.0`` alike), so that the same
     overrides in another order or spelling name the same directory: ``d=1000,signal_norm=10+40``.
@@ -125,6 +152,7 @@ def override_slug(overrides: dict, spec: SweepSpec) -> str:
         text = "+".join(map(_fmt_value, vals)) if vals is not None else \
             _fmt_value(spec.fixed.get(k, overrides[k]))
         parts.append(f"{k}={text}")
+    parts += [f"{k}=unset" for k in sorted(set(unset))]  # the file's value dropped
     slug = re.sub(r"[^A-Za-z0-9_.+=,-]", "_", ",".join(parts))
     if len(slug) > 120:
         slug = slug[:103] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:16]
@@ -319,15 +347,16 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                               "one file per command with --out, or no --out (each goes to "
                               "results/<its name>/)")
         start_jax(args)
-        specs = [(f, C.load_sweep(f, C.parse_set(args.set), args.seeds)) for f in args.files]
+        specs = [(f, load_unset(f, args.unset, C.parse_set(args.set), args.seeds))
+                 for f in args.files]
         if any("float64" in spec.values("dtype") for _, spec in specs):
             import jax
 
             jax.config.update("jax_enable_x64", True)  # the CLI owns process-wide flags
         for _, spec in specs:
             out = Path(args.out) if args.out else Path("results") / spec.name
-            if args.set and not args.out:
-                out = out / override_slug(C.parse_set(args.set), spec)
+            if (args.set or args.unset) and not args.out:
+                out = out / override_slug(C.parse_set(args.set), spec, args.unset)
             check_out_dir(out)
             block = dict(spec.refine)
             if args.refine:
