@@ -58,9 +58,11 @@ from .analysis import STEP, at_step, is_aggregate, setting_columns
 from .regimes import REGIME_ORDER
 from .settings import suggest
 
-# seeds below which a slice's bootstrap interval is not a measurement (status unbounded): two
-# seeds give three distinct resamples
-MIN_SEEDS = 3
+# seeds below which a slice's bootstrap interval is not a measurement (status unbounded): four
+# seeds give at most 35 distinct resamples, and a symmetric pattern (three seeds, one crossing
+# the other way inside a grid gap) gives every resample one estimate: an interval of 3 in a gap
+# of 112 where the data say only "in this gap"
+MIN_SEEDS = 5
 
 SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
                   "too_few")
@@ -244,12 +246,14 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
         if steep or pure:
             status = "unresolved"
             lo, hi = min(lo, below[-1]), max(hi, above[0])
-    # one or two seeds have no spread to resample (one resample, or three), nor do seeds that
+    # a few seeds have no spread to resample (one seed: one resample; MIN_SEEDS), nor do seeds that
     # all drew the same regimes (noise shared along the map, a settled slice): a zero-width
     # interval says nothing. An ok interval past the sampled x: more seeds would bound it (an
     # unresolved one holds its grid gap)
     flat = len(boots) > 0 and np.isfinite(boots).all() and np.ptp(boots) == 0
-    beyond = U < MIN_SEEDS or flat or (status == "ok" and not (t.min() <= lo and hi <= t.max()))
+    # (an unresolved interval holds its grid gap: bounded by the grid, not by the resamples)
+    beyond = U < 2 or status == "ok" and (U < MIN_SEEDS or flat
+                                          or not (t.min() <= lo and hi <= t.max()))
     with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
         est, lo, hi = float(back(est)), float(back(lo)), float(back(hi))
     if status in ("ok", "unresolved") and (beyond or not bounded(lo, hi, log)):
