@@ -437,9 +437,11 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
         fig, _ = P.s_ratio_curves(runs)
         paths += P.save(fig, out / "s_ratio_curves", formats, dpi)
     smp_path = results_dir / "samples.parquet"
-    # the cells: every setting that tells them apart, the model included (a [[cases]] sweep of
-    # two models), each named once
-    keys = A.untied(runs, A.cell_axes(runs))
+    # the cells: the axes every run has, and the model when it tells cells apart too (a
+    # [[cases]] sweep of two models, whose own settings are NaN for the other)
+    keys = [a for a in axes if runs[a].notna().all()]
+    if "model" in A.cell_axes(runs) and "model" not in keys:
+        keys.append("model")
     n_cells = len(runs.drop_duplicates(keys)) if keys else 1
     if 1 < n_cells <= 6:  # few cells (a [[cases]] sweep): every one, never one per regime
         cells = A.aggregate(runs, by=keys, metrics=["test_acc"])
