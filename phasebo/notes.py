@@ -62,3 +62,25 @@ def record_notes(spec: SweepSpec) -> list[str]:
     return [f"note: record_every = {e} is more than steps = {s}: the dynamics hold step 0 and "
             f"step {s} only; fix: a record_every of at most {s}, or record_log = k for k "
             "log-spaced steps" for e, s in sorted(seen)]
+
+
+def rule_notes(spec: SweepSpec) -> list[str]:
+    """A line per training-rule setting that does less than its name: a ``batch_size`` of at
+    least ``n`` (every step sees all samples: full batch), ``optimizer = "adamw"`` on a model
+    without ``weight_decay`` (its decay is 0: plain Adam)."""
+    from .registry import get_model
+
+    seen: dict[tuple, str] = {}
+    for c in spec.cells():
+        st = c.settings
+        b, n = st.get("batch_size") or 0, st.get("n")
+        if b and n and b >= n:
+            seen[("batch", b, n)] = (f"note: batch_size = {b} is at least n = {n}: every step "
+                                     "sees every sample (full batch), as batch_size = 0")
+        model = get_model(st["model"]) if "model" in st else None
+        if st.get("optimizer") == "adamw" and model is not None and \
+                "weight_decay" not in model.settings:
+            seen[("adamw", model.name)] = (f"note: optimizer = \"adamw\" on {model.name}, which "
+                                           "has no weight_decay setting: its decay is 0, so it "
+                                           "runs as adam")
+    return list(seen.values())

@@ -465,8 +465,9 @@ def cases_figure(df: pd.DataFrame, metrics: Sequence[str] = ("train_acc", "test_
         w = {a: r[a] for a in _telling(cells, cases) if not (isinstance(r[a], float)
                                                              and np.isnan(r[a]))}
         text = "\n".join(textwrap.wrap(slice_text(w), 34))
-        labels.append(text + (f"\n{str(r['regime']).replace('_', ' ')}"
-                              if "regime" in cells.columns else ""))
+        reg = str(r["regime"]).replace("_", " ") if "regime" in cells.columns else None
+        labels.append(text + (f"\n{'mixed (no majority regime)' if reg == 'mixed' else reg}"
+                              if reg else ""))
     ax.set_yticks(rows, labels, fontsize=8)
     ax.invert_yaxis()
     lo = min(0.0, float(np.nanmin([cells[f"{m}_mean"].min() for m in metrics])))

@@ -150,7 +150,8 @@ def _n_runs(d: pd.DataFrame) -> int:
     return len(d[keys].drop_duplicates())
 
 
-def ss_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, ax=None, logx: bool = False):
+def ss_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, ax=None, logx: bool = False,
+                title: str | None = None):
     """Group means of ``𝔖 = s_R(1 − s_R)`` for clean vs flipped samples vs step (Sakamoto & Sato, Fig. 2).
 
     Per run the clean value is the mean over both classes of ``ss_clean_pos/neg``; lines are the
@@ -162,10 +163,12 @@ def ss_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, ax=None, logx: 
     fig, ax = _new(ax, (6.0, 4.0))
     _band(ax, d, "ss_clean", "#2a9d8f", "clean samples")
     _band(ax, d, "ss_noisy", "#e63946", "flipped samples")
+    ax.lines[-1].set_linestyle("--")  # a flipped line on the clean one leaves both visible
     ax.set_ylabel("s(1 − s),  s = mass on relevant tokens")
     _xstep(ax, logx)
     ax.legend(fontsize=8)
-    ax.set_title(f"diminishing updates (mean over {_n_runs(d)} runs, band min–max)", fontsize=10)
+    ax.set_title((f"{title}\n" if title else "")
+                 + f"diminishing updates (mean over {_n_runs(d)} runs, band min–max)", fontsize=10)
     return fig, ax
 
 

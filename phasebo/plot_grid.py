@@ -164,6 +164,11 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         parts.append(f"{_num(v)} steps" if c == "steps" else f"{_num(v)} epochs" if c == "epochs"
                      else f"batch {_num(v)}" if c == "batch_size"
                      else f"τ {_num(v)}" if c == "flow_time" else f"{_short(c)} {_num(v)}")
+    ref, eps = one("test_reference"), one("test_eps")  # the regime rule, where not the default
+    if isinstance(ref, str) and ref != "absolute":
+        parts.append(f"benign against the {ref} runs' test acc")
+    if isinstance(eps, (int, float)) and np.isfinite(eps) and eps != 0.05:
+        parts.append(f"test_eps {_num(eps)}")
     lines = [""]
     for part in parts:  # lines of at most TITLE_WIDTH characters: a long title is not cut off
         if lines[-1] and len(lines[-1]) + 2 + len(part) > TITLE_WIDTH:

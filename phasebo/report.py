@@ -473,7 +473,7 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
                 fig, _ = P.gap_dynamics(sub)
                 paths += P.save(fig, out / f"gaps_{name}", formats, dpi)
             if "ss_clean_pos" in sub.columns:
-                fig, _ = P.ss_dynamics(sub)
+                fig, _ = P.ss_dynamics(sub, title=f"{r}: {label}" if label else r)
                 paths += P.save(fig, out / f"ss_{name}", formats, dpi)
         if len(axes) >= 2 and "regime" in pq_columns(results_dir / "dynamics.parquet") \
                 and dyn["step"].nunique() > 1:

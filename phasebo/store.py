@@ -225,7 +225,8 @@ def compatible(old: dict, new: SweepSpec) -> str | None:
         k, gone, now = lost
         return f"{k} had {gone} there, which this sweep no longer has (it has {now})"
     if new.seeds < old_spec.seeds:
-        return f"it has {old_spec.seeds} seeds per cell, this sweep {new.seeds}"
+        return (f"it has {old_spec.seeds} seeds per cell, this sweep {new.seeds} (--seeds "
+                f"{old_spec.seeds} keeps them, if nothing else differs)")
     return _lost_cell(old_spec, new)
 
 

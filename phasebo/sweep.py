@@ -37,7 +37,7 @@ from .execute import (  # noqa: F401 (the door: run_one)
     run_one,
 )
 from .grid import spec_run_ids
-from .notes import baseline_notes, label_noise_notes, record_notes
+from .notes import baseline_notes, label_noise_notes, record_notes, rule_notes
 from .plan import check_disk, plan
 from .registry import ENGINES
 from .store import (
@@ -55,6 +55,12 @@ from .store import (
     wait_for_runs,
     write_manifest,
 )
+
+
+def sweep_notes(spec: SweepSpec) -> list[str]:
+    """Every note a sweep prints before it runs (and its dry run prints)."""
+    return (label_noise_notes(spec) + baseline_notes(spec) + record_notes(spec)
+            + rule_notes(spec) + precision_notes(spec))
 
 
 def precision_notes(spec: SweepSpec) -> list[str]:
@@ -99,8 +105,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
               block_size=block_size)
     check_disk(pl, out_dir)
     if not quiet:
-        for note in (label_noise_notes(spec) + baseline_notes(spec) + record_notes(spec)
-                     + precision_notes(spec)):
+        for note in sweep_notes(spec):
             print(f"{spec.name}: {note}", file=sys.stderr)
     check = None
     if plots:
@@ -113,7 +118,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     prov = provenance()
     prov["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start))
     with hold_dir(out_dir, pi):  # a second command into it is refused, not run twice
-        before = tables_spec(read_manifest(out_dir))  # what its tables held until now
+        old_manifest = read_manifest(out_dir)
+        before = tables_spec(old_manifest)  # what its tables held until now
+        before_history = old_manifest.get("history", []) if old_manifest else []
         out_dir = prepare_out_dir(out_dir, spec, overwrite, pi, provenance=prov)
         executor = executor or Executor()
         try:
@@ -124,15 +131,20 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                 _stopped(out_dir, spec, prov, t_start, getattr(e, "stats", None))
             lost = "" if not isinstance(e, Abandoned) else " (the compile in progress was given up)" \
                 if isinstance(e, AbandonedCompile) else " (the blocks in flight were given up)"
-            print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{lost}; run the "
-                  "same command again to resume", file=sys.stderr)
+            st = getattr(e, "stats", None)
+            kept = "" if st is None else f" ({st.n_new} new run(s) this time)"
+            print(f"interrupted: finished chunks are saved under {out_dir / 'parts'}{kept}{lost}; "
+                  "run the same command again to resume", file=sys.stderr)
             raise
         if stats.stopped:
             return None
         if prov.get("subset") and not quiet:
+            own = next((h.get("command") for h in reversed(before_history)  # the last to add runs
+                        if h.get("new_runs") and h.get("command")), None)
             print(f"{spec.name}: every run of this sweep is already in {out_dir} (a subset of its "
                   "runs): its tables and figures are of this sweep's runs; the directory's own "
-                  "command assembles all of them again", file=sys.stderr)
+                  "command assembles all of them again" + (f" ({own})" if own else ""),
+                  file=sys.stderr)
         if pc > 1:
             if pi != 0:
                 if not quiet:

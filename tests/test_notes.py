@@ -16,3 +16,18 @@ def test_a_flip_count_that_changes_the_ratio_is_noted():
     (note,) = label_noise_notes(phasebo.spec_from_dict({"n": 20, "noise_ratio": 0.15}))
     assert "flips 2 labels" in note and "effective ratio of 0.1" in note
     assert label_noise_notes(phasebo.spec_from_dict({"n": 20, "noise_ratio": 0.2})) == []
+
+
+def test_a_full_batch_minibatch_and_a_decay_free_adamw_are_noted(capsys, tmp_path):
+    from phasebo.cli.sweep import main
+    from phasebo.notes import rule_notes
+
+    (note,) = rule_notes(phasebo.spec_from_dict({"d": 100, "n": 20, "batch_size": 50}))
+    assert "batch_size = 50 is at least n = 20" in note and "full batch" in note
+    assert rule_notes(phasebo.spec_from_dict({"d": 100, "n": 20, "batch_size": 5})) == []
+    assert rule_notes(phasebo.spec_from_dict({"d": 100, "n": 20})) == []
+    # the dry run prints the notes the run will print
+    f = tmp_path / "s.toml"
+    f.write_text('name = "s"\n[settings]\nd = 100\nn = 20\nnoise_ratio = 0.15\nsteps = 5\n')
+    assert main([str(f), "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    assert "note: noise_ratio = 0.15 at n = 20 flips 2 labels" in capsys.readouterr().out

@@ -417,5 +417,9 @@ def test_titles_state_the_horizon_and_rule_and_spread_grids_get_a_log_axis():
     text = settings_text(df, skip=("n",)).replace("\n", " ")
     for part in ("adamw", "linear schedule", "batch 16", "60–90 steps", "30 epochs"):
         assert part in text, text
+    ref = pd.DataFrame({"model": "vit_digits", "n": 20, "test_reference": "clean",
+                        "test_eps": 0.1}, index=[0])
+    assert "benign against the clean runs' test acc, test_eps 0.1" in settings_text(ref)
+    assert "test_eps" not in settings_text(ref.assign(test_eps=0.05, test_reference="absolute"))
     assert _auto_log("query_lambda", np.array([0.001, 0.06, 1.0]))
     assert not _auto_log("x", np.array([1.0, 2.0, 3.0, 5.0]))

@@ -23,7 +23,7 @@ from ..plan import Plan, describe, plan
 from ..registry import all_settings
 from ..settings import ConfigError, cache_dir, suggest
 from ..store import check_out_dir, count_done, holder, is_subset, read_manifest
-from ..sweep import run_sweep
+from ..sweep import run_sweep, sweep_notes
 from .args import Parser, at_least, figure_formats
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
@@ -237,6 +237,8 @@ def dry_run(spec: SweepSpec, pl: Plan, out: Path, overwrite: bool = False) -> No
     """Print the plan (:func:`phasebo.plan.describe`) and what the directory already holds: the
     runs done and to run, or why the real run would refuse it."""
     print(describe(pl, out))
+    for note in sweep_notes(spec):  # the notes the run will print
+        print(f"  {note}")
     busy = holder(out)
     if busy:  # the real run would be refused now
         print(f"  {out} is being written now by another phasebo command ({busy}): running "
