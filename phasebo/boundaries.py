@@ -24,8 +24,9 @@ A bootstrap replicate that drew no run of ``A`` (or of ``B``) has no boundary in
 range: it counts as beyond the range on that regime's side (+-inf), so an interval the seeds
 cannot bound comes out infinite. A slice whose estimate lies in the range but whose interval the
 seeds cannot bound (infinite, reaching 0 on a log axis or past the sampled ``x`` range, from
-fewer than :data:`MIN_SEEDS` seeds, or of zero width because every seed drew the same regimes:
-no spread to resample) is ``"unbounded"``:
+one seed, or, for a slice that would be ``ok``, from fewer than :data:`MIN_SEEDS` seeds or of
+zero width because every seed drew the same regimes: no spread to resample; an unresolved
+slice's interval holds its grid gap) is ``"unbounded"``:
 more seeds, not a finer grid, would place it (a ``"separated"`` slice keeps its status, with the
 open interval).
 
@@ -465,10 +466,3 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
     out["between"] = f"{value}={level:g}"
     return out
 
-
-if __name__ == "__main__":  # python -m phasebo.boundaries: the command of the same name
-    import sys
-
-    from .cli import main
-
-    sys.exit(main(["boundaries", *sys.argv[1:]]))

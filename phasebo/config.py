@@ -228,14 +228,14 @@ def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> di
     own = {k: v for k, v in settings.items() if k in model.settings}
     if "epochs" in given and "steps" in given and own.get("epochs"):
         raise ConfigError(f"{where}steps and epochs = {own['epochs']!r} both set the run's "
-                          "length; fix: remove one, e.g. --unset steps (steps = epochs x ceil(n/batch))")
+                          "length; fix: remove one (a file's: --unset steps; steps = epochs x ceil(n/b))")
     for k in sorted(given):
         req = model.settings[k].requires
         if req is not None and own.get(req[0]) != req[1]:
             raise ConfigError(
                 f"{where}{k} = {own[k]!r} has no effect unless {req[0]} = {_toml(req[1])} (it is "
                 f"{_toml(own.get(req[0]))}); fix: set {req[0]} = {_toml(req[1])}, or remove {k} "
-                f"(--unset {k})")
+                f"(a file's: --unset {k})")
     if own.get("dynamics") == "limit" and "lr" in given:
         raise ConfigError(f"{where}lr = {own['lr']!r} has no effect: dynamics = \"limit\" has no "
                           "step size (L-BFGS finds the minimiser directly); fix: remove lr")

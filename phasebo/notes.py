@@ -84,3 +84,23 @@ def rule_notes(spec: SweepSpec) -> list[str]:
                                            "has no weight_decay setting: its decay is 0, so it "
                                            "runs as adam")
     return list(seen.values())
+
+
+def sweep_notes(spec: SweepSpec) -> list[str]:
+    """Every note a sweep prints before it runs (and its dry run prints)."""
+    return (label_noise_notes(spec) + baseline_notes(spec) + record_notes(spec)
+            + rule_notes(spec) + precision_notes(spec))
+
+
+def precision_notes(spec: SweepSpec) -> list[str]:
+    """A note when JAX's own default matmul precision is set: phasebo's runs follow their
+    ``matmul_precision`` setting instead."""
+    import jax
+
+    own = jax.config.jax_default_matmul_precision
+    if own is None:
+        return []
+    vals = ", ".join(sorted(map(str, spec.values("matmul_precision")))) or "highest"
+    return [f"JAX's default matmul precision is set to {own!r}, but phasebo's runs compute "
+            f"their matrix products at their matmul_precision setting ({vals}); to change it, "
+            "set matmul_precision in the sweep (e.g. --set matmul_precision=tensorfloat32)"]

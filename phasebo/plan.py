@@ -221,7 +221,13 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
         for a in cell.swept_axes:  # an axis swept inside the cell that changes no run: likewise
             vals = spec.axes.get(a, ())
             if a in model.settings and not model.settings[a].identity and len(vals) > 1:
-                raise ConfigError(_same_runs({a: vals[0]}, {a: vals[1]}))
+                raise ConfigError(
+                    f"{a} = {vals!r} as an axis changes no run (the runs of its values are the "
+                    "same runs: same ids, data and keys) and one directory holds each run once; "
+                    f"fix: one value per sweep (--set {a}=<value>, each into its own --out), "
+                    f"or the loaded runs' regimes again with pb.classify_regime(..., {a}=...)"
+                    if a in ("test_eps", "train_acc_fit") else
+                    f"fix: one value per sweep (--set {a}=<value>, each into its own --out)")
         static = model.static_of(own)
         engine = resolve_engine(model, static)
         program = engine.program(model, static)

@@ -125,6 +125,10 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         v = df[c].iloc[0]
         return v.item() if hasattr(v, "item") else v
 
+    from .registry import all_settings
+
+    default = {c: all_settings()[c].default for c in ("optimizer", "lr_schedule", "test_eps",
+                                                       "train_acc_fit", "test_reference")}
     parts = []
     model, train = one("model"), one("train")
     if model is not None:
@@ -142,10 +146,10 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
             lo, hi = _num(df[c].min()), _num(df[c].max())
             parts.append(f"{lo} steps" if lo == hi else f"{lo}–{hi} steps")
             continue
-        if c == "optimizer" and isinstance(v, str) and v != "sgd":
+        if c == "optimizer" and isinstance(v, str) and v != default[c]:
             parts.append(v)  # plain GD (sgd), the papers' rule: nothing to say
             continue
-        if c == "lr_schedule" and isinstance(v, str) and v != "constant":
+        if c == "lr_schedule" and isinstance(v, str) and v != default[c]:
             parts.append(f"{v} schedule")
             continue
         if c in ("batch_size", "epochs") and v is not None and not v:
@@ -164,11 +168,13 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         parts.append(f"{_num(v)} steps" if c == "steps" else f"{_num(v)} epochs" if c == "epochs"
                      else f"batch {_num(v)}" if c == "batch_size"
                      else f"τ {_num(v)}" if c == "flow_time" else f"{_short(c)} {_num(v)}")
-    ref, eps = one("test_reference"), one("test_eps")  # the regime rule, where not the default
-    if isinstance(ref, str) and ref != "absolute":
+    ref = one("test_reference")  # the regime rule, where not the default
+    if isinstance(ref, str) and ref != default["test_reference"]:
         parts.append(f"benign against the {ref} runs' test acc")
-    if isinstance(eps, (int, float)) and np.isfinite(eps) and eps != 0.05:
-        parts.append(f"test_eps {_num(eps)}")
+    for c in ("test_eps", "train_acc_fit"):
+        v = one(c)
+        if isinstance(v, (int, float)) and np.isfinite(v) and v != default[c]:
+            parts.append(f"{c} {_num(v)}")
     lines = [""]
     for part in parts:  # lines of at most TITLE_WIDTH characters: a long title is not cut off
         if lines[-1] and len(lines[-1]) + 2 + len(part) > TITLE_WIDTH:

@@ -47,12 +47,13 @@ from .regimes import REGIME_ORDER
 from .scaling import summary
 from .settings import ConfigError, suggest
 from .store import (
-    FIGURE_SUFFIXES,
     TABLES,
     clear_boundaries,
     clear_derived,
     hold_dir,
     holds_runs,
+    is_subset,
+    read_manifest,
     said_cleared,
     tables_digest,
 )
@@ -156,7 +157,10 @@ def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
     for _, row in b.iterrows():
         if str(row["status"]) not in ("ok", "unresolved", "separated", "unbounded"):
             continue
-        width = (row["hi"] - row["lo"]) / row["boundary"]
+        # an unbounded interval is no width at all (too few seeds, or none of them spread):
+        # more seeds, whatever its lo and hi say
+        width = np.inf if str(row["status"]) == "unbounded" else \
+            (row["hi"] - row["lo"]) / row["boundary"]
         if not width > r.target:
             continue
         xs = np.unique(df.loc[df[r.y] == row[r.y], r.x].to_numpy(float))
@@ -224,28 +228,35 @@ def _combine(tables: list, r: Refinement, log: list, out_dir: Path, quiet: bool 
     return runs, b
 
 
-def adopt_sweep(out_dir: Path, dry: bool = False) -> bool:
+def adopt_sweep(out_dir: Path, spec: C.SweepSpec, dry: bool = False) -> bool:
     """A refinement writes its rounds under ``out_dir/round-<k>`` and the combined tables in
     ``out_dir`` itself. A directory that holds a plain sweep's runs (the same command without
-    ``--refine`` ran first) has them moved into ``round-0``, where round 0 finds them done (or
-    refuses them, as any sweep, when they are another sweep's): nothing is computed twice, and
-    no table of the plain sweep is left beside the refinement's. True when there is such a
-    sweep to adopt (``dry``: nothing is moved)."""
+    ``--refine`` ran first) has them moved into ``round-0``, where round 0 finds them done:
+    nothing is computed twice, and no table of the plain sweep is left beside the refinement's.
+    Runs of another sweep are refused before anything moves. What moves: the parts (last, so an
+    interrupted move is finished by the next command), the manifest, the tables, the figures the
+    manifest lists, ``report.html`` and the boundary files ``phasebo boundaries`` wrote; a file of
+    the user's own stays. True when there is such a sweep (``dry``: nothing is moved)."""
     out_dir = Path(out_dir)
+    r0 = out_dir / "round-0"
     if not holds_runs(out_dir):
         return False
-    r0 = out_dir / "round-0"
-    if r0.exists():
+    if (r0 / "parts").exists():
         raise ConfigError(f"{out_dir} holds the runs of a sweep and a refinement's round-0: the "
                           "refined tables would replace the sweep's; fix: --out another "
                           "directory, or --overwrite to discard them")
+    manifest = read_manifest(out_dir)
+    if manifest:
+        is_subset(out_dir, spec, manifest)  # raises for runs of another sweep: nothing moved
     if dry:
         return True
-    r0.mkdir()
+    r0.mkdir(exist_ok=True)
+    names = {"manifest.json", "report.html", "figures", *TABLES, *manifest.get("figures", [])}
     for f in sorted(out_dir.iterdir()):
-        if f.name in ("parts", "figures", "manifest.json", *TABLES) or f.is_file() and (
-                f.suffix in FIGURE_SUFFIXES or f.name.startswith("boundar")):
+        ours = "_along_" in f.name and "_per_" in f.name and f.name.startswith("boundar")
+        if f.exists() and (f.name in names or ours):
             f.rename(r0 / f.name)
+    (out_dir / "parts").rename(r0 / "parts")
     return True
 
 
@@ -263,10 +274,11 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
 
         pi = jax.process_index()
     with hold_dir(out_dir, pi, "refinement"):  # a second refinement into it is refused
-        if run_kw.get("overwrite") and holds_runs(out_dir):  # the plain sweep's runs go
+        # process 0 alone clears or moves; the others wait for round 0's manifest
+        if pi == 0 and run_kw.get("overwrite") and holds_runs(out_dir):  # the sweep's runs go
             clear_derived(out_dir)
             (out_dir / "manifest.json").unlink(missing_ok=True)
-        if adopt_sweep(out_dir) and not quiet:
+        if pi == 0 and adopt_sweep(out_dir, spec) and not quiet:
             print(f"refine: the runs already in {out_dir} are round 0: moved to "
                   f"{out_dir / 'round-0'}", file=sys.stderr)
         integer_x = all(isinstance(v, int) for v in spec.axes[r.x])
@@ -281,7 +293,9 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
             runs = pd.concat(tables, ignore_index=True)
             cases, b = plan_round(runs, r, root + 1000, rnd + 1, integer_x,
                                   int(r.seeds or spec.seeds))
-            widths = ((b["hi"] - b["lo"]) / b["boundary"]).to_numpy(float) if len(b) else np.array([])
+            placed = b[b["status"].astype(str) != "unbounded"] if len(b) else b  # bounded ones
+            widths = ((placed["hi"] - placed["lo"]) / placed["boundary"]).to_numpy(float) \
+                if len(placed) else np.array([])
             widths = widths[np.isfinite(widths)]
             log.append({"round": rnd, "runs": len(df), "total_runs": len(runs),
                         "slices_open": int(len({c[r.y] for c in cases})),

@@ -497,8 +497,6 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
     return paths
 
 
-
-
 if __name__ == "__main__":  # python -m phasebo.report: the command of the same name
     from .cli import main
 

@@ -37,7 +37,7 @@ from .execute import (  # noqa: F401 (the door: run_one)
     run_one,
 )
 from .grid import spec_run_ids
-from .notes import baseline_notes, label_noise_notes, record_notes, rule_notes
+from .notes import sweep_notes
 from .plan import check_disk, plan
 from .registry import ENGINES
 from .store import (
@@ -55,26 +55,6 @@ from .store import (
     wait_for_runs,
     write_manifest,
 )
-
-
-def sweep_notes(spec: SweepSpec) -> list[str]:
-    """Every note a sweep prints before it runs (and its dry run prints)."""
-    return (label_noise_notes(spec) + baseline_notes(spec) + record_notes(spec)
-            + rule_notes(spec) + precision_notes(spec))
-
-
-def precision_notes(spec: SweepSpec) -> list[str]:
-    """A note when JAX's own default matmul precision is set: phasebo's runs follow their
-    ``matmul_precision`` setting instead."""
-    import jax
-
-    own = jax.config.jax_default_matmul_precision
-    if own is None:
-        return []
-    vals = ", ".join(sorted(map(str, spec.values("matmul_precision")))) or "highest"
-    return [f"JAX's default matmul precision is set to {own!r}, but phasebo's runs compute "
-            f"their matrix products at their matmul_precision setting ({vals}); to change it, "
-            "set matmul_precision in the sweep (e.g. --set matmul_precision=tensorfloat32)"]
 
 
 def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=None,
@@ -185,10 +165,11 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             # the figures and report of the runs before, beside tables that may be new, would
             # read as current: they go, and the same command draws them again
             gone = clear_figures(out_dir)
+            figs = [n for n in gone if n != "report.html"]
+            what = " and ".join(([f"{len(figs)} figure(s)"] if figs else [])
+                                + (["report.html"] if "report.html" in gone else []))
             print(f"interrupted while writing the tables and figures: every run is saved under "
-                  f"{out_dir / 'parts'}"
-                  + (f"; removed the {len(gone)} figure(s) and report of the runs before"
-                     if gone else "")
+                  f"{out_dir / 'parts'}" + (f"; removed the {what} of the runs before" if gone else "")
                   + "; run the same command again to write them", file=sys.stderr)
             raise
         t_write = time.perf_counter() - t

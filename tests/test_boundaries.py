@@ -507,3 +507,32 @@ def test_pooled_steps_are_counted_alike_by_the_fit_and_its_row():
     for fn in (lambda: pb.fit_power_law(many, "d"), lambda: pb.power_law_row(many, "signal_norm", "d")):
         with pytest.raises(ValueError, match="boundaries at 3 recorded steps for the same d"):
             fn()
+
+
+def test_a_slice_unbounded_for_too_few_seeds_gets_more_seeds_whatever_its_width():
+    """Three seeds on a fine grid: a narrow bootstrap interval, but too few seeds for an ok one
+    (unbounded); refining adds seeds at the points beside its estimate instead of calling the
+    slice done because its interval looks narrow."""
+    from phasebo.refine import Refinement, plan_round
+
+    df = planted(np.random.default_rng(2), seeds=3, xs=np.geomspace(5, 500, 31))
+    b = boundaries(df, "signal_norm", "d")
+    unb = b[b["status"].astype(str) == "unbounded"]
+    assert len(unb) and ((unb["hi"] - unb["lo"]) / unb["boundary"] < 0.5).any()
+    cases, _ = plan_round(df, Refinement(between=("benign", "harmful"), x="signal_norm", y="d",
+                                         target=0.5), 1000, 1, False, 3)
+    for d in unb["d"]:
+        mine = [c for c in cases if c["d"] == d]
+        assert mine and all("root_seed" in c for c in mine), (d, mine)
+
+
+def test_a_refinement_refuses_another_sweeps_runs_before_moving_anything(tmp_path):
+    spec = small_spec()
+    other = C.spec_from_dict({"model": "prompt_attention", "n": 20, "steps": 50, "n_test": 100},
+                             {"signal_norm": [2.0, 8.0], "d": [1500]}, seeds=2, name="other")
+    pb.run_sweep(other, tmp_path / "ref", quiet=True, plots=False)
+    r = parse_refine(spec, {"between": ["harmful", "benign"], "rounds": 1})
+    with pytest.raises(ConfigError, match="holds runs of another sweep"):
+        pb.refine_sweep(spec, r, tmp_path / "ref", quiet=True)
+    assert (tmp_path / "ref" / "parts").is_dir() and (tmp_path / "ref" / "manifest.json").exists()
+    assert not (tmp_path / "ref" / "round-0" / "parts").exists()

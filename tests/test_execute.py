@@ -79,7 +79,7 @@ def test_programs_are_traced_at_their_matmul_precision(precision, monkeypatch):
 
 
 def test_a_jax_default_precision_gets_a_note_that_the_setting_decides():
-    from phasebo.sweep import precision_notes
+    from phasebo.notes import precision_notes
 
     spec = spec_from_dict({"model": "prompt_attention", "d": 300}, seeds=1)
     assert precision_notes(spec) == []

@@ -19,11 +19,12 @@ from pathlib import Path
 from .. import config as C
 from ..config import SweepSpec
 from ..execute import Abandoned, SigintLatch, traced_columns
+from ..notes import sweep_notes
 from ..plan import Plan, describe, plan
 from ..registry import all_settings
 from ..settings import ConfigError, cache_dir, suggest
-from ..store import check_out_dir, count_done, holder, is_subset, read_manifest
-from ..sweep import run_sweep, sweep_notes
+from ..store import check_out_dir, count_done, holder, holds_runs, is_subset, read_manifest
+from ..sweep import run_sweep
 from .args import Parser, at_least, figure_formats
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
@@ -374,7 +375,7 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                 from ..refine import adopt_sweep, parse_refine, refine_sweep
 
                 r = parse_refine(spec, block, where=f"{spec.name}: ")
-                adopt = not args.overwrite and adopt_sweep(out, dry=True)
+                adopt = not args.overwrite and adopt_sweep(out, spec, dry=True)
             if args.dry_run:
                 pl = plan(spec, n_devices=args.devices, memory_budget=budget,
                           chunk_size=args.chunk_size, block_size=args.block_size)
@@ -389,6 +390,9 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                     if adopt:
                         print(f"  the runs already in {out} become round 0 (moved to "
                               f"{out / 'round-0'})")
+                    elif args.overwrite and holds_runs(out):
+                        print(f"  --overwrite: the {count_done(out, spec)} runs of this sweep "
+                              f"already in {out} (and any others there) are discarded")
                     dry_run(spec, pl, out if adopt else out / "round-0", overwrite=args.overwrite)
                     refine_dry_run(r, out, overwrite=args.overwrite)
                 else:
