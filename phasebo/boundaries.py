@@ -249,10 +249,9 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
             lo, hi = min(lo, below[-1]), max(hi, above[0])
     # a few seeds have no spread to resample (one seed: one resample; MIN_SEEDS), nor do seeds that
     # all drew the same regimes (noise shared along the map, a settled slice): a zero-width
-    # interval says nothing. An ok interval past the sampled x: more seeds would bound it (an
-    # unresolved one holds its grid gap)
+    # interval says nothing. An ok interval past the sampled x: more seeds would bound it. (An
+    # unresolved interval holds its grid gap: bounded by the grid, not by the resamples.)
     flat = len(boots) > 0 and np.isfinite(boots).all() and np.ptp(boots) == 0
-    # (an unresolved interval holds its grid gap: bounded by the grid, not by the resamples)
     beyond = U < 2 or status == "ok" and (U < MIN_SEEDS or flat
                                           or not (t.min() <= lo and hi <= t.max()))
     with np.errstate(over="ignore"):  # a bootstrap interval wider than floats reach: inf
@@ -465,4 +464,3 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
     out["x"] = x
     out["between"] = f"{value}={level:g}"
     return out
-

@@ -178,8 +178,7 @@ def _hue_groups(d: pd.DataFrame, hue: Sequence[str] | None):
     out = []
     for key, sub in d.groupby(list(hue), sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        out.append((", ".join(f"{_short(h)}={_num(k)}" if isinstance(k, (int, float, np.number))
-                              else f"{_short(h)}={k}" for h, k in zip(hue, key)), sub))
+        out.append((", ".join(f"{_short(h)}={_num(k)}" for h, k in zip(hue, key)), sub))
     return out
 
 

@@ -202,8 +202,7 @@ def _telling(cells: pd.DataFrame, cases: Sequence[str], most: int = 4) -> list[s
 
 def slice_text(where: Mapping | None) -> str:
     """``r = 0.1, n = 20``: a slice in a title."""
-    return ", ".join(f"{_short(a)} = {_num(v) if isinstance(v, (int, float, np.number)) else v}"
-                     for a, v in (where or {}).items())
+    return ", ".join(f"{_short(a)} = {_num(v)}" for a, v in (where or {}).items())
 
 
 def slice_tag(where: Mapping | None) -> str:

@@ -87,7 +87,7 @@ def _plain_log(axis):
 def _num(v, _=None) -> str:
     """A tick label: integers in full (4000, not 4e+03), other values to 3 significant digits;
     a name (a model, an engine) as it is."""
-    if isinstance(v, (str, bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
         return str(v)
     if not np.isfinite(v):  # a setting another model of the sweep has: no value here
         return "none" if np.isnan(v) else f"{v}"

@@ -52,6 +52,7 @@ from .store import (
     clear_derived,
     hold_dir,
     holds_runs,
+    is_boundary_file,
     is_subset,
     read_manifest,
     said_cleared,
@@ -253,8 +254,7 @@ def adopt_sweep(out_dir: Path, spec: C.SweepSpec, dry: bool = False) -> bool:
     r0.mkdir(exist_ok=True)
     names = {"manifest.json", "report.html", "figures", *TABLES, *manifest.get("figures", [])}
     for f in sorted(out_dir.iterdir()):
-        ours = "_along_" in f.name and "_per_" in f.name and f.name.startswith("boundar")
-        if f.exists() and (f.name in names or ours):
+        if f.name in names or is_boundary_file(f):
             f.rename(r0 / f.name)
     (out_dir / "parts").rename(r0 / "parts")
     return True

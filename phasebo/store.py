@@ -264,16 +264,21 @@ def clear_derived(out_dir: Path) -> None:
                 f.unlink()
 
 
+def is_boundary_file(f: Path) -> bool:
+    """Whether ``f`` is a table or figure ``phasebo boundaries`` wrote (named
+    ``boundar{ies,y}_<A>_<B>_along_<x>_per_<y>...``; a file of the user's own is not)."""
+    ours = "_along_" in f.name and "_per_" in f.name
+    return f.is_file() and ours and (
+        f.name.startswith("boundaries_") and f.suffix in (".csv", ".parquet")
+        or f.name.startswith("boundary_") and f.suffix in FIGURE_SUFFIXES)
+
+
 def clear_boundaries(out_dir: Path) -> list[str]:
     """Remove the tables and figures ``phasebo boundaries`` wrote into ``out_dir`` (made from
-    tables that a sweep has just replaced; named ``boundar{ies,y}_<A>_<B>_along_<x>_per_<y>...``,
-    so a file of the user's own is kept); their names."""
+    tables that a sweep has just replaced; :func:`is_boundary_file`); their names."""
     gone = []
     for f in sorted(Path(out_dir).iterdir()):
-        ours = "_along_" in f.name and "_per_" in f.name
-        if f.is_file() and ours and (
-                f.name.startswith("boundaries_") and f.suffix in (".csv", ".parquet")
-                or f.name.startswith("boundary_") and f.suffix in FIGURE_SUFFIXES):
+        if is_boundary_file(f):
             f.unlink()
             gone.append(f.name)
     return gone

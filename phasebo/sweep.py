@@ -57,6 +57,14 @@ from .store import (
 )
 
 
+def _removed(names: list[str]) -> str:
+    """``3 figure(s) (a.png, b.png, c.png, ...) and report.html``: what clear_figures removed."""
+    figs = [n for n in names if n != "report.html"]
+    shown = f"{len(figs)} figure(s) ({', '.join(figs[:3])}{', ...' if len(figs) > 3 else ''})"
+    return " and ".join(([shown] if figs else []) + (["report.html"] if "report.html" in names
+                                                     else []))
+
+
 def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=None,
               block_size=None, memory_budget=None, n_devices=None, overwrite: bool = False,
               quiet: bool = False, plots: bool = True, max_chunks: int | None = None,
@@ -144,10 +152,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                     print(said_cleared(spec.name, gone), file=sys.stderr)
                 old = [] if plots else clear_figures(out_dir)  # not redrawn: not left as current
                 if old and not quiet:
-                    figs = [n for n in old if n != "report.html"]
-                    print(f"{spec.name}: removed {len(figs)} figure(s) ({', '.join(figs[:3])}"
-                          f"{', ...' if len(figs) > 3 else ''})"
-                          + (" and report.html" if "report.html" in old else "")
+                    print(f"{spec.name}: removed {_removed(old)}"
                           + f" of the runs before: the tables changed and --no-plots draws none; "
                           f"fix: phasebo plot {out_dir}, phasebo report {out_dir}",
                           file=sys.stderr)
@@ -165,11 +170,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             # the figures and report of the runs before, beside tables that may be new, would
             # read as current: they go, and the same command draws them again
             gone = clear_figures(out_dir)
-            figs = [n for n in gone if n != "report.html"]
-            what = " and ".join(([f"{len(figs)} figure(s)"] if figs else [])
-                                + (["report.html"] if "report.html" in gone else []))
             print(f"interrupted while writing the tables and figures: every run is saved under "
-                  f"{out_dir / 'parts'}" + (f"; removed the {what} of the runs before" if gone else "")
+                  f"{out_dir / 'parts'}" + (f"; removed the {_removed(gone)} of the runs before"
+                                            if gone else "")
                   + "; run the same command again to write them", file=sys.stderr)
             raise
         t_write = time.perf_counter() - t
