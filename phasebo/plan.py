@@ -308,6 +308,8 @@ def describe(pl: Plan, out: Path) -> str:
     lines.append(f"  estimated time ~{fmt_time(total_t)} (cost model of `phasebo bench`), tables "
                  f"~{estimated_disk(pl) / 2**20:.1f} MiB on disk, memory budget "
                  f"{pl.budget / 2**30:.1f} GiB")
+    for note in dict.fromkeys(filter(None, (g.model.setup_note(g.program) for g in pl.groups))):
+        lines.append(f"  plus: {note}")
     if any(getattr(g.program, "dynamics", "gd") == "flow" for g in pl.groups):
         # the solver's steps are set by the flow's stiffness, unknown before it runs
         lines.append("  a flow's time is its solver's steps, which the estimate takes as ~30 per "

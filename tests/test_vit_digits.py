@@ -295,5 +295,14 @@ def test_a_dry_run_pretrains_nothing_and_writes_no_cache(tmp_path, monkeypatch, 
                  'steps = 5\n[axes]\nnoise_ratio = [0.0, 0.2]\n'
                  '[plot]\nlines = [{ x = "noise_ratio", value = "backbone_test_acc" }]\n')
     assert main([str(f), "--dry-run", "--out", str(tmp_path / "out")]) == 0
-    assert "2 runs" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 runs" in out
     assert not called and not list((tmp_path / "cache").rglob("*.eqx"))
+    # the estimate leaves the pretraining out, and says so
+    assert "backbone (500 pretraining steps, width 16, depth 2) is not cached yet" in out
+
+
+def test_the_setup_note_goes_once_the_backbone_is_cached(first_load):
+    model = get_model("vit_digits")
+    assert model.setup_note(model.static_of(SMALL)) is None
+    assert "not cached yet" in model.setup_note(model.static_of({**SMALL, "pretrain_seed": 7}))

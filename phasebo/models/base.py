@@ -243,6 +243,11 @@ class Model(abc.ABC):
         n = static.batch_size if minibatched(static) else static.n
         return 6.0 * n * T * d * max(self.loop_steps(static), 1)
 
+    def setup_note(self, static) -> str | None:
+        """One-off work a run of ``static`` does before its program compiles and that the cost
+        model leaves out (the dry run's estimate names it); ``None`` where there is none."""
+        return None
+
     def loop_steps(self, static) -> int:
         """GD steps' worth of work in one run, for the cost estimates: its steps, or for a flow
         ~180 gradient evaluations per decade of flow time (Tsit5: 6 per solver step, ~30 steps per

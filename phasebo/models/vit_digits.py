@@ -74,7 +74,9 @@ from .vit_backbone import (
     ViT,
     _affine,
     _linear,
+    backbone_path,
     backbone_record,
+    backbone_settings,
     layer_norm,
     load_backbone,
     n_tokens,
@@ -315,6 +317,16 @@ class ViTDigitsModel(Model):
         params = static.vit_depth * 12 * w * w
         n_rec = self.n_records(static)
         return int((acts + 4 * params + n_rec * (60 + 4 * T)) * self.item(static))
+
+    def setup_note(self, static):
+        cfg = backbone_settings(static)
+        if backbone_path(cfg).with_suffix(".eqx").exists():
+            return None
+        # the stored record of the default backbone: 37 s on 2 cores (500 AdamW steps)
+        return (f"the vit_digits backbone ({cfg['steps']} pretraining steps, width "
+                f"{cfg['width']}, depth {cfg['depth']}) is not cached yet: the first run "
+                "pretrains it once, ~40 s on 2 cores per 500 steps, outside this estimate "
+                "(`phasebo pretrain` builds it alone)")
 
     def cost_per_run(self, static):
         # per sample and step: the CLS row of the last block (_last), ~7 w^2 + T w multiply-adds,
