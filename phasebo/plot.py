@@ -262,12 +262,21 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     ax.set_xlabel("recorded step")
     ax.set_ylabel(f"boundary {_label(x)}")
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
+    how = _estimator(b)
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
-                 f"\n(95% intervals over {n_seeds} seeds; slices with a bounded interval)",
-                 fontsize=10)
+                 f"{', ' + how if how else ''}\n(95% intervals over {n_seeds} seeds; slices with a "
+                 "bounded interval)", fontsize=10)
     if len(vals):
         ax.legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, ax
+
+
+def _estimator(b: pd.DataFrame) -> str | None:
+    """How the boundaries ``b`` treat runs still fitting, in words (``None``: not recorded)."""
+    if "fitting" not in b.columns or not len(b):
+        return None
+    return {"not_overfitting": "runs still fitting as not overfitting",
+            "apart": "runs still fitting left apart"}.get(str(b["fitting"].iloc[0]))
 
 
 def fixed_scale(value: str, lo: float) -> tuple[float, float] | None:
@@ -551,12 +560,10 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
     if "step" in runs.columns and "step" in b.columns and b["step"].nunique() == 1:
         runs = runs[runs["step"] == b["step"].iloc[0]]  # the map at the boundaries' step
     fig, ax = regime_map(runs, x, y, title=title)
-    if title is None and "fitting" in b.columns and len(b):  # the estimator, on the figure
-        how = {"not_overfitting": "runs still fitting as not overfitting",
-               "apart": "runs still fitting left apart"}.get(str(b["fitting"].iloc[0]))
+    how = _estimator(b)
+    if title is None and how:  # the estimator, on the figure
         head, *rest = ax.get_title().split("\n", 1)
-        if how:
-            ax.set_title("\n".join([f"{head}, {how}", *rest]), fontsize=10)
+        ax.set_title("\n".join([f"{head}, {how}", *rest]), fontsize=10)
     row = power_law_row(b, x, y)
     fit = th = None
     if row["status"] != "too_few_slices":

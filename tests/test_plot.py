@@ -71,6 +71,9 @@ def test_boundary_trajectory_draws_a_line_per_slice(tmp_path):
     assert len(ax.get_lines()) >= 2 and ax.get_xscale() == "log"
     assert "benign / not overfitting over time" in ax.get_title()
     _png(fig, tmp_path / "traj.png")
+    # the estimator is named where the boundaries recorded it
+    fig, ax = P.boundary_trajectory(pd.DataFrame(rows).assign(fitting="apart"), "signal_norm", "d")
+    assert "over time, runs still fitting left apart\n" in ax.get_title()
 
 
 def test_regime_map_colours_are_the_cell_regimes(sweep, tmp_path):
