@@ -234,7 +234,13 @@ def tied(df: pd.DataFrame, col: str, to: str | None) -> bool:
 
 
 def other_axes(df: pd.DataFrame, *axes: str | None) -> list[str]:
-    """The cell axes of ``df`` besides ``axes`` and the settings tied to one of them."""
+    """The cell axes of ``df`` besides ``axes`` and the settings tied to one of them. An axis
+    that is no column of ``df`` is a :class:`KeyError` (a misspelt axis would otherwise read as
+    every real axis varying besides it)."""
+    for ax in axes:
+        if ax is not None and ax not in df.columns:
+            raise KeyError(f"no column {ax!r}{suggest(str(ax), map(str, df.columns))}; fix: one "
+                           f"of the table's axes, {', '.join(cell_axes(df)) or 'none'}")
     return [a for a in cell_axes(df) if a not in axes
             and not any(tied(df, a, ax) for ax in axes)]
 

@@ -76,7 +76,7 @@ def check_plot_spec(spec, columns: set[str] | None = None) -> None:
                                       "an axis of the sweep such as " +
                                       ", ".join(repr(a) for a in spec.axes) if spec.axes else
                                       f"{w}{k} = {h[k]!r} is not a setting")
-            _check_colours(h, w)
+            _check_colours(h, w, h.get("value", "regime" if kind == "heatmaps" else "test_acc"))
             hue = h.get("hue", [])
             if not isinstance(hue, str | list) or not all(isinstance(k, str) for k in hue_of(h)):
                 raise ConfigError(f"{w}hue = {hue!r} must be a list of settings; fix: e.g. hue = "
@@ -207,9 +207,10 @@ def _check_cells(spec, plot: Mapping) -> None:
 STATS = ("mean", "se", "min", "max")  # the seed statistics a map can draw (analysis.aggregate)
 
 
-def _check_colours(h: Mapping, w: str) -> None:
-    """A heatmap entry's ``stat``, ``vmin`` / ``vmax`` and ``cmap``, before anything runs."""
-    if h.get("value") == "regime":
+def _check_colours(h: Mapping, w: str, value: str) -> None:
+    """A heatmap entry's ``stat``, ``vmin`` / ``vmax`` and ``cmap``, before anything runs
+    (``value``: the entry's, its default filled in)."""
+    if value == "regime":
         given = [k for k in ("stat", "vmin", "vmax", "cmap") if k in h]
         if given:
             raise ConfigError(f"{w}{given[0]} = {h[given[0]]!r} has no effect on a regime map "

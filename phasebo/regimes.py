@@ -84,12 +84,28 @@ def classify_regime(train_acc, test_acc, status, test_eps=0.05, train_acc_fit=1.
     shape = train_acc.shape
     test_acc = np.broadcast_to(np.asarray(test_acc, float), shape)
     codes = np.asarray(status)
+    names = np.array(["ok", "diverged", "unsolved"], object)
     if codes.dtype.kind in "iu":  # run_one's codes (phasebo.train.Status)
-        names = np.array(["ok", "diverged", "unsolved"], object)
-        status = np.where((codes >= 0) & (codes < 3), names[np.clip(codes, 0, 2)], "error")
+        if ((codes < 0) | (codes > 2)).any():
+            raise ValueError(f"classify_regime: status code {codes[(codes < 0) | (codes > 2)][0]} "
+                             "is not a run's; fix: 0 (ok), 1 (diverged) or 2 (unsolved)")
+        status = names[codes]
     status = np.broadcast_to(np.asarray(status, object), shape)
+    known = np.isin(status.astype(str), [*names, "error"])  # "error": a table's unknown code
+    if not known.all():
+        raise ValueError(f"classify_regime: status {status[~known][0]!r} is not a run status; "
+                         "fix: ok, diverged or unsolved (or their codes 0, 1, 2)")
     test_eps = np.broadcast_to(np.asarray(test_eps, float), shape)
     fit_thr = np.broadcast_to(np.asarray(train_acc_fit, float), shape)
+    for name, v, ok, fix in (("test_eps", test_eps, (test_eps >= 0) & (test_eps <= 1), "0 .. 1"),
+                             ("train_acc_fit", fit_thr, (fit_thr > 0) & (fit_thr <= 1), "(0, 1]")):
+        if not ok.all():
+            raise ValueError(f"classify_regime: {name} = {v[~ok][0]:g} is out of range; fix: "
+                             f"{name} in {fix}")
+    if (margin is None) != (margin_prev is None) or margin is not None and (
+            step is None or step_prev is None):
+        raise ValueError("classify_regime: the still-fitting trend needs margin, margin_prev, "
+                         "step and step_prev together; fix: give all four, or none")
     reference = np.broadcast_to(np.asarray(reference, float), shape)
     fits = train_acc >= fit_thr - TOL
     good = test_acc >= reference - test_eps - TOL
@@ -175,7 +191,9 @@ def clean_reference(res: pd.DataFrame, by: list[str], dyn: pd.DataFrame | None =
 
 
 def _col(df: pd.DataFrame, name: str, default: float) -> np.ndarray:
-    return df[name].to_numpy(float) if name in df.columns else np.full(len(df), default)
+    # a table joined from models that lack the setting: their runs take its default
+    return df[name].to_numpy(float, na_value=default) if name in df.columns else \
+        np.full(len(df), default)
 
 
 def _blocks(run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,6 +216,23 @@ def _previous_record(dyn: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.where(ok, step[pos], -1), np.where(ok, margin[pos], np.nan)
 
 
+def _clean_reference_of(dyn: pd.DataFrame, res: pd.DataFrame):
+    """Per row of ``dyn``: the reference accuracy its run is judged against, when some runs of
+    ``res`` are judged against their noise-free runs (``None``: every reference is 1). The cells
+    are made by the table's recorded setting columns, as :func:`phasebo.results.judge` makes them."""
+    if "test_reference" not in res.columns or not (res["test_reference"].astype(str) == "clean").any():
+        return None
+    settings = (res.attrs.get("column_groups") or {}).get("settings")
+    if settings is None:
+        raise ValueError("regimes_over_time: runs with test_reference = 'clean' are judged against "
+                         "the noise-free runs of their cell, and this results table does not record "
+                         "which columns are settings; fix: a table from pb.load, or reference=...")
+    from .settings import NOT_CELL
+
+    by = [c for c in settings if c not in NOT_CELL and c in res.columns]
+    return clean_reference(res, by, dyn)[2]
+
+
 def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame, reference=None) -> pd.DataFrame:
     """The regime of every run at every recorded step.
 
@@ -206,12 +241,15 @@ def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame, reference=None) -> p
     Returns the tidy table ``run_id, step, train_acc, train_acc_clean, train_acc_noisy,
     test_acc, regime`` (rows sorted by run and step), plus the trend's ``margin`` and
     ``projected_margin`` and the ``reference_acc`` (``reference``: one per row of ``dyn``, in its
-    order, from :func:`clean_reference`; 1 by default). A run that diverged is ``diverged`` from
-    its ``diverge_step`` on.
+    order; by default 1, or under ``test_reference = "clean"`` the noise-free runs' mean at each
+    step, :func:`clean_reference`, as the sweep's own dynamics table). A run that diverged is
+    ``diverged`` from its ``diverge_step`` on.
     """
     need = {"run_id", "step", "train_acc", "test_acc", "margin"}
     if not need <= set(dyn.columns):
         raise ValueError(f"regimes_over_time: the dynamics table lacks {sorted(need - set(dyn))}")
+    if reference is None:
+        reference = _clean_reference_of(dyn, res)
     ref = np.ones(len(dyn)) if reference is None else np.asarray(reference, float)
     order = np.lexsort((dyn["step"].to_numpy(), dyn["run_id"].to_numpy()))
     d = dyn.iloc[order].reset_index(drop=True)

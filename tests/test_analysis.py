@@ -97,6 +97,9 @@ def test_pivot_refuses_an_unfixed_third_axis():
         A.pivot(df, "signal_norm", "d", "test_acc")
     g = A.pivot(df, "signal_norm", "d", "test_acc", where={"n": 40})
     assert g.shape == (2, 2)
+    # a misspelt axis is named as missing, not as "n varies besides it"
+    with pytest.raises(KeyError, match="no column 'dim'"):
+        A.pivot(df, "signal_norm", "dim", "test_acc")
 
 
 def _write_sweep(d, runs):

@@ -99,4 +99,7 @@ def test_colour_settings_on_a_regime_map_are_refused(key, value):
                                         key: value}]))
     check_plot_spec(spec(heatmaps=[{"x": "signal_norm", "y": "d", "value": "test_acc",
                                     key: value}]))
+    # a heatmap's value is the regime unless given
+    with pytest.raises(ConfigError, match=f"{key} = {value!r} has no effect on a regime map"):
+        check_plot_spec(spec(heatmaps=[{"x": "signal_norm", "y": "d", key: value}]))
 

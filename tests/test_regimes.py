@@ -312,3 +312,37 @@ def test_classify_regime_takes_run_ones_status_codes():
     assert pb.classify_regime(1.0, 1.0, 0) == pb.classify_regime(1.0, 1.0, "ok") == "benign"
     assert list(pb.classify_regime([1.0, 1.0, 1.0], [1.0, 0.5, 1.0], np.array([0, 1, 2]))) == [
         "benign", "diverged", "unsolved"]
+
+
+def test_regimes_over_time_reads_a_clean_reference_from_the_results_table():
+    """Called as the docs show (dynamics and results tables alone), runs judged against their
+    noise-free runs get the sweep's own labels, not a reference of 1: a run at test accuracy 0.82
+    is benign beside noise-free runs at 0.85, harmful against 1."""
+    res = pd.DataFrame({"run_id": [1, 2, 3], "n": [20, 20, 20], "noise_ratio": [0.0, 0.0, 0.2],
+                        "status": ["ok"] * 3, "test_acc": [0.8, 0.9, 0.82], "n_noisy": [0, 0, 4],
+                        "test_reference": ["clean"] * 3})
+    dyn = pd.DataFrame({"run_id": [3, 1, 2], "step": [10] * 3, "train_acc": [1.0] * 3,
+                        "test_acc": [0.82, 0.8, 0.9], "margin": [0.1] * 3})
+    with pytest.raises(ValueError, match="does not record which columns are settings"):
+        regimes_over_time(dyn, res)
+    res.attrs["column_groups"] = {"settings": ["n", "noise_ratio", "test_reference"]}
+    reg = regimes_over_time(dyn, res)
+    np.testing.assert_allclose(reg["reference_acc"], 0.85)
+    assert reg.set_index("run_id").loc[3, "regime"] == "benign"
+    assert regimes_over_time(dyn, res, np.ones(3)).set_index("run_id").loc[3, "regime"] == "harmful"
+
+
+@pytest.mark.parametrize("args, kw, match", [
+    ((1.0, 1.0, "okay"), {}, "status 'okay' is not a run status"),
+    ((1.0, 1.0, 7), {}, "status code 7"),
+    ((1.0, 1.0, "ok"), {"test_eps": 2.0}, "test_eps = 2 is out of range"),
+    ((1.0, 1.0, "ok"), {"train_acc_fit": 1.2}, "train_acc_fit = 1.2 is out of range"),
+    ((0.9, 1.0, "ok"), {"margin": -0.1, "margin_prev": -0.3}, "needs margin, margin_prev, step"),
+])
+def test_classify_regime_refuses_what_it_cannot_judge(args, kw, match):
+    """A status that is not a run's would come back as a regime, and margins without their steps
+    would be ignored silently (not_overfitting where the trend says fitting)."""
+    import phasebo as pb
+
+    with pytest.raises(ValueError, match=match):
+        pb.classify_regime(*args, **kw)
