@@ -62,6 +62,14 @@ def run_one(settings=None, **kwargs):
     return _run_one(settings, **kwargs)
 
 
+def enable_compilation_cache():
+    """Keep compiled programs on disk between processes, as the command line does; see
+    :func:`phasebo.execute.enable_compilation_cache`."""
+    from .execute import enable_compilation_cache as _enable
+
+    _enable()
+
+
 def refine_sweep(spec, refinement, out_dir=None, **kwargs):
     """Run a sweep, then refine its grid around a phase boundary; see
     :func:`phasebo.refine.refine_sweep` (``refinement``: :func:`phasebo.refine.parse_refine`)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import shutil
 from pathlib import Path
 
@@ -199,6 +200,12 @@ def _same_runs(a: dict, b: dict) -> str:
 def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | None = None,
          chunk_size: int | None = None, block_size: int | None = None) -> Plan:
     """Group the cells by compiled program and size every group (no run is enumerated)."""
+    for name, v in (("chunk_size", chunk_size), ("block_size", block_size),
+                    ("memory_budget", memory_budget), ("n_devices", n_devices)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+            raise ConfigError(f"{name} = {v!r}: expected a whole number of at least 1"
+                              + (" (bytes, e.g. 8 * 2**30)" if name == "memory_budget" else "")
+                              + f"; fix: {name}=None to size it automatically")
     jax = _jax()
     n_avail = len(jax.local_devices())
     n_dev = max(1, min(n_devices or n_avail, n_avail))

@@ -45,6 +45,18 @@ def _check_output(plot: Mapping) -> None:
                               "whole number from 10 to 2400, e.g. dpi = 200")
 
 
+def check_figure_args(formats, dpi) -> None:
+    """The figure formats and resolution a sweep is given (the Python API's ``formats`` and
+    ``dpi``; the command line checks its flags), before anything runs."""
+    if isinstance(formats, str) or not formats or any(
+            not isinstance(f, str) or f.lower() not in FIGURE_FORMATS for f in formats):
+        raise ConfigError(f"formats = {formats!r}: a tuple of {', '.join(FIGURE_FORMATS)}; fix: "
+                          "e.g. formats=(\"png\", \"pdf\")")
+    if isinstance(dpi, bool) or not isinstance(dpi, int | float) or not dpi > 0:
+        raise ConfigError(f"dpi = {dpi!r}: the resolution of raster figures must be more than 0; "
+                          "fix: e.g. dpi=150")
+
+
 def check_plot_spec(spec, columns: set[str] | None = None) -> None:
     """Refuse a ``[plot]`` entry that names an unknown key or column before anything runs.
 

@@ -40,6 +40,7 @@ from .grid import spec_run_ids
 from .notes import sweep_notes
 from .plan import check_disk, plan
 from .registry import ENGINES
+from .settings import ConfigError
 from .store import (
     check_out_dir,
     clear_boundaries,
@@ -84,6 +85,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
     import jax
 
     t_start = time.time()
+    if not isinstance(spec, SweepSpec):
+        raise ConfigError(f"run_sweep: spec is a {type(spec).__name__}, not a sweep; fix: "
+                          "pb.spec_from_dict(settings, axes) or pb.load_sweep(file)")
     out_dir = Path(out_dir) if out_dir is not None else Path("results") / spec.name
     pi = jax.process_index() if process_index is None else process_index
     pc = jax.process_count() if process_count is None else process_count
@@ -97,8 +101,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             print(f"{spec.name}: {note}", file=sys.stderr)
     check = None
     if plots:
-        from .plot_spec import check_plot_spec
+        from .plot_spec import check_figure_args, check_plot_spec
 
+        check_figure_args(formats, dpi)
         check_plot_spec(spec)  # keys and axes now; the values once the programs are traced
 
         def check(columns):

@@ -370,3 +370,27 @@ def test_ctrl_c_while_a_program_compiles_stops_when_it_is_ready(tmp_path):
     assert "stopping once the program being compiled is ready" in text, text
     assert "Traceback" not in text and "Fatal Python error" not in text, text
     assert len(done_run_ids(out / "parts")) == 0
+
+
+def test_enable_compilation_cache_keeps_programs_under_phasebo_cache_unless_one_is_chosen(
+        tmp_path, monkeypatch):
+    """The command line's on-disk cache, for Python users too (pb.enable_compilation_cache); a
+    cache the user chose (JAX's setting or its environment variable) is left alone."""
+    import jax
+
+    import phasebo as pb
+
+    old = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+    monkeypatch.setenv("PHASEBO_CACHE", str(tmp_path))
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        pb.enable_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax")
+        assert (tmp_path / "jax").is_dir()
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+        pb.enable_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", old[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])

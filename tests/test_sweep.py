@@ -232,6 +232,25 @@ def test_config_error_for_unknown_setting_in_python():
         spec_from_dict({"signal": 3})
 
 
+@pytest.mark.parametrize("kw, match", [
+    ({"formats": ("jpgx",)}, "formats = \\('jpgx',\\): a tuple of png"),
+    ({"formats": "png"}, "formats = 'png'"),
+    ({"dpi": -5}, "dpi = -5"),
+    ({"memory_budget": "8G"}, "memory_budget = '8G': expected a whole number"),
+    ({"chunk_size": -3}, "chunk_size = -3"),
+    ({"n_devices": 1.5}, "n_devices = 1.5"),
+])
+def test_run_sweep_refuses_bad_arguments_before_anything_runs(tmp_path, kw, match):
+    """From Python as from the command line: a figure format the sweep would skip after its
+    runs, or a size it would divide by, is one line before any run."""
+    spec = spec_from_dict({"steps": 2, "d": 20, "n": 4, "n_test": 8})
+    with pytest.raises(ConfigError, match=match):
+        run_sweep(spec, tmp_path / "out", quiet=True, **kw)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="spec is a dict, not a sweep"):
+        run_sweep({"d": 100}, tmp_path / "out")
+
+
 def test_numpy_values_from_a_notebook():
     """An axis as a NumPy array (float drift of np.geomspace rounds to the integer it is, a
     fractional d does not), a NumPy scalar setting; one run takes one value per setting."""

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from .. import config as C
 from ..config import SweepSpec
-from ..execute import Abandoned, SigintLatch, traced_columns
+from ..execute import Abandoned, SigintLatch, enable_compilation_cache, traced_columns
 from ..notes import sweep_notes
 from ..plan import Plan, describe, plan
 from ..registry import all_settings
-from ..settings import ConfigError, cache_dir, suggest
+from ..settings import ConfigError, suggest
 from ..store import check_out_dir, count_done, holder, holds_runs, is_subset, read_manifest
 from ..sweep import run_sweep
 from .args import Parser, at_least, figure_formats
@@ -202,7 +202,7 @@ def start_jax(args) -> None:
     elif any(getattr(args, k, None) is not None for k in ("coordinator", "num_processes",
                                                           "process_id")):
         raise ConfigError("--coordinator / --num-processes / --process-id need --distributed")
-    enable_compilation_cache(jax)
+    enable_compilation_cache()
 
 
 def check_distributed(args) -> None:
@@ -218,20 +218,6 @@ def check_distributed(args) -> None:
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"--coordinator = {c!r} is not host:port; fix: e.g. --coordinator "
                               "host0:1234 (process 0's host and a free port)")
-
-
-def enable_compilation_cache(jax) -> None:
-    """Keep compiled programs on disk (``~/.cache/phasebo/jax``, or ``$PHASEBO_CACHE/jax``) unless
-    the user chose a cache: a rerun, a resume or a similar sweep then skips compilation."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
-        return
-    path = os.path.join(cache_dir(), "jax")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        return  # read-only home: run without a cache
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def dry_run(spec: SweepSpec, pl: Plan, out: Path, overwrite: bool = False) -> None:
