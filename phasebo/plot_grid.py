@@ -77,9 +77,10 @@ def _cells(df: pd.DataFrame, where, x=None, y=None) -> pd.DataFrame:
     cells = A.aggregate(df, by=[c for c in (x, y) if c is not None])
     if x is not None and y is not None and not is_grid(cells, x, y, "round" in df.columns):
         raise ValueError(f"only {len(cells)} of the {cells[x].nunique()} x {cells[y].nunique()} "
-                         f"({x}, {y}) cells were run (not {missing_cells(cells, x, y)}; a "
-                         "[[cases]] sweep): a map would colour cells that never ran; fix: draw "
-                         "the cases (phasebo.plot.cases_figure) or their dynamics")
+                         f"({x}, {y}) cells were run (not {missing_cells(cells, x, y)}): a "
+                         "map would show cells that never ran; fix: run the missing cells (grow "
+                         "the sweep), pick a fully run part with where=, or, for a [[cases]] "
+                         "sweep, draw the cases (phasebo.plot.cases_figure)")
     cells.attrs["settings"] = text
     return cells
 

@@ -35,10 +35,13 @@
     lines.push(`<b>${words(regime)}</b>${regime === "mixed" ? " (no majority)" : ""} — ` +
                `${f.n_seeds[j]} seed${f.n_seeds[j] === 1 ? "" : "s"}` +
                (f.n_failed[j] ? `, ${f.n_failed[j]} failed` : ""));
+    // a cell whose runs have no flipped label has nothing to overfit: no share of the overfitting
+    // regimes is shown for it (a 0 with an interval would read as a measured share)
+    const clean = f.frac_no_noise && f.frac_no_noise[j] === 1;
     for (const r of D.regimes) {
       const p = f[`frac_${r}`][j];
-      if (p === null || (p === 0 && (r === "no_noise" || r === "fitting" ||
-                                     r === "no_baseline"))) continue;
+      if (p === null || (clean && r !== "no_noise") ||
+          (p === 0 && (r === "no_noise" || r === "fitting" || r === "no_baseline"))) continue;
       lines.push(`${words(r)}: ${fmt(p)} [${fmt(f[`frac_${r}_lo`][j])}, ` +
                  `${fmt(f[`frac_${r}_hi`][j])}]`);
     }

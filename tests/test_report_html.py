@@ -133,6 +133,26 @@ def test_the_report_in_a_real_browser(grid, page_of):
     assert page.errors == []
 
 
+def test_a_noise_free_cell_shows_no_share_of_the_overfitting_regimes(tmp_path, page_of):
+    """Runs with no flipped label have nothing to overfit: their hover says no noise, with no
+    "benign: 0 [0, 0.66]" beside it; a noisy cell still lists its shares."""
+    run_sweep(pb.spec_from_dict(BASE, {"signal_norm": [1.0, 9.0], "noise_ratio": [0.0, 0.25]},
+                                seeds=2, name="clean"), tmp_path / "c", quiet=True)
+    page = page_of(tmp_path / "c" / "report.html")
+
+    def hover(ix, iy):
+        page.mouse.move(0, 0)
+        page.mouse.move(*_cell_xy(page, ix, iy))
+        page.wait_for_selector(".hovertext", timeout=5000)
+        return page.evaluate("document.querySelector('.hovertext').textContent")
+
+    text = hover(1, 0)
+    assert "noise ratio = 0" in text and "no noise: 1 [" in text
+    assert not any(f"{r}: " in text for r in ("benign", "harmful", "not overfitting"))
+    assert "benign: " in hover(1, 1) or "not overfitting: " in hover(1, 1)
+    assert page.errors == []
+
+
 def test_a_cases_report_in_a_real_browser(tmp_path, page_of):
     cases = [{"d": 48, "signal_norm": 1.0}, {"d": 64, "signal_norm": 9.0}]
     run_sweep(pb.spec_from_dict(BASE, {}, seeds=2, name="cases", cases=cases), tmp_path / "c",
