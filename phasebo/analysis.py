@@ -108,6 +108,9 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
             raise ConfigError(f"{p} does not exist; fix: give a sweep directory or a "
                               "results.parquet file")
         res = load_results(p, partial=partial, notes=notes)
+        if "run_id" not in res.columns:
+            raise ConfigError(f"{p} holds no runs (no run_id column: an aggregate or another "
+                              "table); fix: pd.read_parquet it, or give a sweep directory")
         if "source" not in res.columns:  # a saved table of loaded sweeps keeps its own
             res.insert(0, "source", str(p if p.is_dir() else p.parent))
         res_frames.append(res)

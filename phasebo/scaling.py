@@ -167,6 +167,9 @@ def one_step(b: pd.DataFrame, x: str, who: str) -> None:
 def along(b: pd.DataFrame, x: str) -> None:
     """Refuse an ``x`` other than the one ``b``'s boundaries lie along (its ``x`` column): the
     boundaries are values of that axis, which another axis would misread."""
+    if "boundary" not in b.columns:
+        raise ValueError("not a boundary table (no boundary column); fix: pb.boundaries(runs, x, "
+                         "y, between) first, and fit its rows")
     if "x" in b.columns and len(b) and str(b["x"].iloc[0]) != x:
         raise ValueError(f"x = {x!r}, but these boundaries lie along {b['x'].iloc[0]!r}; fix: "
                          f"x = {b['x'].iloc[0]!r} (or fit the boundaries along {x!r} first)")

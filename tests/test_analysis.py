@@ -8,6 +8,7 @@ import pytest
 
 import phasebo as pb
 from phasebo import analysis as A
+from phasebo.settings import ConfigError
 
 
 def synthetic_runs() -> pd.DataFrame:
@@ -289,3 +290,10 @@ def test_a_dynamics_row_has_its_runs_status_at_that_step(tmp_path):
     assert [dyn.loc[(bad, s), "status"] for s in (0, 4, 5)] == ["ok", "ok", "diverged"]
     assert dyn.loc[(0, 5), "status"] == "ok"
     assert pb.aggregate(pb.load_dynamics(d), step=4)["n_ok"].sum() == 1
+
+
+def test_loading_a_table_without_runs_is_one_line(tmp_path):
+    """An exported aggregate has no run_id: pb.load says what it is instead of a KeyError."""
+    A.aggregate(synthetic_runs()).to_parquet(tmp_path / "cells.parquet")
+    with pytest.raises(ConfigError, match="holds no runs"):
+        A.load(tmp_path / "cells.parquet")

@@ -493,6 +493,8 @@ def test_a_fit_along_another_axis_is_refused_and_one_step_is_a_horizon():
     b = boundaries(planted(np.random.default_rng(2), seeds=6), "signal_norm", "d")
     with pytest.raises(ValueError, match="x = 'd', but these boundaries lie along 'signal_norm'"):
         pb.power_law_row(b, "d", "signal_norm")
+    with pytest.raises(ValueError, match="not a boundary table"):  # the runs themselves
+        pb.power_law_row(planted(np.random.default_rng(2), seeds=6), "signal_norm", "d")
     one = b.assign(step=400)  # a dynamics table's boundaries at one recorded step
     assert pb.power_law_row(one, "signal_norm", "d")["horizon"] == "step 400"
     assert pb.power_law_row(b.assign(step=[400, 800] * 3), "signal_norm", "d")["horizon"] == ""
