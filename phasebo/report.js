@@ -275,9 +275,11 @@
 
   function boundsText() {
     const el = document.getElementById("bounds");
+    const left = (D.boundaries_left || []).length ? `<p>Not placed (not in the table): ` +
+      `${D.boundaries_left.join("; ")}.</p>` : "";
     if (!D.boundaries.length) {
-      el.textContent = D.mode === "map" ? "no boundary found between benign and harmful or " +
-        "not-overfitting runs along " + label(D.x || "x") : "a cases sweep has no map";
+      el.innerHTML = (D.mode === "map" ? "no boundary found between benign and harmful or " +
+        "not-overfitting runs along " + label(D.x || "x") : "a cases sweep has no map") + left;
       return;
     }
     const sliceCell = (b) => (D.facets.length ? `<td>${Object.entries(b.slice).map(([k, v]) =>
@@ -291,7 +293,7 @@
       `over seeds; runs still fitting their labels at the horizon are left apart, not counted ` +
       `as either regime (computed in ${D.boundaries_s} s).</p><table><tr><th>between</th>` +
       `${D.facets.length ? "<th>slice</th>" : ""}<th>${label(D.y)}</th><th>boundary</th><th>95% CI</th><th>status</th>` +
-      `<th>seeds</th></tr>${rows}</table>`;
+      `<th>seeds</th></tr>${rows}</table>${left}`;
   }
 
   document.getElementById("title").textContent = `phasebo report: ${D.name}`;

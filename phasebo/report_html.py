@@ -172,14 +172,21 @@ def _cell_dynamics(dyn: pd.DataFrame, keys: list[str], index: dict) -> dict:
     return out
 
 
+# slices whose runs hold both regimes but whose boundary is not placed, and why
+UNPLACED = {"unbounded": "its interval is not bounded by the runs: more seeds",
+            "outside_range": "the fit crosses outside the sampled range",
+            "too_few": "too few runs"}
+
+
 def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) -> list[dict]:
     """The benign / harmful and benign / not-overfitting boundaries along ``x`` per ``y`` (and
-    facet slice) at the horizon, found ones only (status ok, unresolved or separated)."""
+    facet slice) at the horizon, found ones only (status ok, unresolved or separated), and one
+    line per pair on the slices with both regimes that were not placed (the page says so)."""
     from .boundaries import boundaries
 
     if y is None or runs[x].nunique() < 3 or not pd.api.types.is_numeric_dtype(runs[x]):
-        return []
-    out = []
+        return [], []
+    out, left = [], []
     for a, b in PAIRS:
         have = set(runs["regime"].astype(str))
         if a not in have or b not in have:
@@ -188,8 +195,14 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
             t = boundaries(runs, x, y, (a, b), by=facets)  # as `phasebo boundaries` gives it
         except ValueError:
             continue
-        t = t[np.isfinite(t["boundary"].to_numpy(float))
-              & t["status"].astype(str).isin(("ok", "unresolved", "separated"))]
+        found = np.isfinite(t["boundary"].to_numpy(float)) & \
+            t["status"].astype(str).isin(("ok", "unresolved", "separated"))
+        missed = t.loc[~found & t["status"].astype(str).isin(UNPLACED), "status"].astype(str)
+        if len(missed):
+            left.append(f"{a} / {b.replace('_', ' ')}: " + ", ".join(
+                f"{k} slice{'s' if k > 1 else ''} {s} ({UNPLACED[s]})"
+                for s, k in missed.value_counts().items()))
+        t = t[found]
         for _, r in t.iterrows():
             out.append({"between": f"{a} / {b}", "y": _key(r[y]),
                         "slice": {f: _key(r[f]) for f in facets},
@@ -198,7 +211,7 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
                         "lo": _r(r["lo"]) if r["lo"] > 0 or runs[x].min() <= 0 else None,
                         "hi": _r(r["hi"]),
                         "status": str(r["status"]), "n_seeds": int(r["n_seeds"])})
-    return out
+    return out, left
 
 
 def _manifest(results_dir: Path) -> dict:
@@ -274,7 +287,7 @@ def report_data(results_dir, notes: bool = True) -> dict:
     xs = _values(runs[x]) if x else []
     ys = _values(runs[y]) if y else []
     t0 = time.perf_counter()
-    bnd = _boundaries(runs, x, y, facets) if mode == "map" else []
+    bnd, left = _boundaries(runs, x, y, facets) if mode == "map" else ([], [])
     k = final["n_seeds"]
     return {
         "name": manifest.get("name", results_dir.name), "mode": mode, "x": x, "y": y,
@@ -287,7 +300,8 @@ def report_data(results_dir, notes: bool = True) -> dict:
         "settings": settings_text(runs, skip=keys), "n_runs": len(runs),
         "seeds": f"{int(k.min())}" + ("" if k.min() == k.max() else f"–{int(k.max())}"),
         "log": {a: _log_axis(a, v) for a, v in ((x, xs), (y, ys)) if a},
-        "boundaries": bnd, "boundaries_s": round(time.perf_counter() - t0, 3),
+        "boundaries": bnd, "boundaries_left": left,
+        "boundaries_s": round(time.perf_counter() - t0, 3),
         "dynamics": _cell_dynamics(dyn, keys, index) if dyn is not None else {},
         "spec": manifest.get("spec"),
         "provenance": {k: v for k, v in manifest.items() if k not in ("spec", "history")},

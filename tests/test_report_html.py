@@ -45,6 +45,20 @@ def test_report_data_are_the_tables_numbers(grid):
         assert CATS[last["code"][j]] == str(row["regime"])
         assert np.isclose(last["test_acc_mean"][j], row["test_acc_mean"], rtol=1e-3)
         assert last["n_seeds"][j] == 3
+    # every slice with both regimes is in the table or in the line on the slices not placed
+    runs = pb.load(grid)
+    for a, b in (("benign", "harmful"), ("benign", "not_overfitting")):
+        if not {a, b} <= set(runs["regime"].astype(str)):
+            continue
+        t = pb.boundaries(runs, "signal_norm", "noise_ratio", (a, b))
+        st = t["status"].astype(str)
+        placed = sum(x["between"] == f"{a} / {b}" for x in D["boundaries"])
+        assert placed == (st.isin(("ok", "unresolved", "separated"))
+                          & np.isfinite(t["boundary"])).sum()
+        for status, k in st[st.isin(("unbounded", "outside_range", "too_few"))].value_counts().items():
+            head = f"{a} / {b.replace('_', ' ')}: "
+            assert any(line.startswith(head) and f"{k} slice" in line and status in line
+                       for line in D["boundaries_left"])
     assert len(D["dynamics"]) == len(D["coords"])  # every cell can be clicked
     one = D["dynamics"]["0"]
     assert one["n_runs"] == 3 and len(one["runs"]) == 3 and set(one["mass"]) == {
