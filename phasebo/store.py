@@ -307,12 +307,13 @@ def is_subset(out_dir: Path, spec: SweepSpec, old: dict) -> bool:
         extra = added(old["spec"], spec)
         if extra and holds_runs(out_dir):  # the runs are there, made with other settings
             raise ConfigError(f"{out_dir} holds these runs made with other settings: {extra}; "
-                              "fix: give this sweep another --out (the directory's runs stay "
-                              "as they are)")
+                              "fix: give this sweep another --out (out_dir in Python; the "
+                              "directory's runs stay as they are)")
         return True
     if holds_runs(out_dir):
         raise ConfigError(f"{out_dir} holds runs of another sweep: {why}; fix: choose another "
-                          "--out, or pass --overwrite to discard them")
+                          "--out, or pass --overwrite to discard them (in Python: out_dir, "
+                          "overwrite=True)")
     return False
 
 
