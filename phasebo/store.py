@@ -59,17 +59,20 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 LOCK = ".phasebo-lock"  # held (flock) by the invocation writing the directory; says who
+MISMATCH = ".phasebo-mismatch"  # why a process refused to run beside another of a cluster
 
 
 @contextlib.contextmanager
-def hold_dir(out_dir: Path, process_index: int = 0, what: str = "sweep"):
+def hold_dir(out_dir: Path, process_index: int = 0, what: str = "sweep", spec: dict | None = None):
     """Hold ``out_dir`` while this invocation writes runs into it: a second command into the same
     directory (the same process index of a cluster) is refused in one line naming the holder,
     instead of computing every run a second time. The lock is the kernel's (``flock``), so a
     killed holder releases it. The file is never removed (removing it would let a third command
     lock a new file while the second still holds the old one); it keeps the last holder's pid,
     host, command and kind. A lock file of another user that this one cannot write is locked
-    read-only (the holder's details are then not rewritten)."""
+    read-only (the holder's details are then not rewritten). ``spec``: the sweep this process
+    runs, kept in its lock file so that the other processes of a cluster can check they run the
+    same one (:func:`peer_mismatch`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (LOCK if process_index == 0 else f"{LOCK}-{process_index}")
@@ -89,7 +92,9 @@ def hold_dir(out_dir: Path, process_index: int = 0, what: str = "sweep"):
             f.truncate()
             f.write(json.dumps({"pid": os.getpid(), "host": _platform.node(),
                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                "command": command_line(), "what": what}) + "\n")
+                                "command": command_line(), "what": what,
+                                **({"spec": spec} if spec is not None else {})},
+                               default=repr) + "\n")
             f.flush()
         yield out_dir
     finally:
@@ -126,7 +131,12 @@ def _who(text: str) -> str:
 
 def holder(out_dir: Path) -> str | None:
     """Who holds ``out_dir`` now (:func:`hold_dir`), or ``None`` when nobody does."""
-    path = Path(out_dir) / LOCK
+    details = _held(Path(out_dir) / LOCK)
+    return None if details is None else _who(details)
+
+
+def _held(path: Path) -> str | None:
+    """The details a live holder wrote into the lock file ``path``; ``None`` when none holds it."""
     if fcntl is None or not path.is_file():
         return None
     try:
@@ -134,12 +144,62 @@ def holder(out_dir: Path) -> str | None:
             try:
                 fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                return _who(f.read())
+                return f.read()
             except OSError:
                 return None
     except OSError:
         return None
     return None
+
+
+def peer_mismatch(out_dir: Path, spec: dict, process_index: int) -> str | None:
+    """Why another live process of this cluster runs a different sweep into ``out_dir`` (its lock
+    file's ``spec``, :func:`hold_dir`): a one-line message naming the first setting that differs,
+    or ``None``. Process 0 looks at every other process's lock, the others at process 0's: a
+    process started with other flags would otherwise wait for runs it never makes."""
+    out_dir = Path(out_dir)
+    spec = json.loads(json.dumps(spec, default=repr))  # as the lock file holds it
+    if process_index == 0:
+        peers = sorted(out_dir.glob(f"{LOCK}-*"))
+    else:
+        peers = [out_dir / LOCK]
+    for path in peers:
+        details = _held(path)
+        try:
+            theirs = json.loads(details).get("spec") if details else None
+        except ValueError:  # being written: looked at again on the next poll
+            theirs = None
+        if theirs is None or theirs == spec:
+            continue
+        who = "process 0" if path.name == LOCK else f"process {path.name.rsplit('-', 1)[1]}"
+        diff = spec_difference(spec, theirs, f"process {process_index}", who)
+        return (f"process {process_index} runs another sweep than {who} into {out_dir}: {diff}; "
+                "fix: start every process with the same sweep file and flags (--set, --seeds, "
+                "...)")
+    return None
+
+
+def refuse_peer(out_dir: Path, why: str):
+    """Refuse to run beside a process of another sweep (:func:`peer_mismatch`), leaving the reason
+    in the directory (``.phasebo-mismatch``) for process 0, which would otherwise wait for the
+    runs of a process that has gone."""
+    try:
+        (Path(out_dir) / MISMATCH).write_text(why + "\n")
+    except OSError:
+        pass
+    raise ConfigError(why)
+
+
+def spec_difference(a: dict, b: dict, one: str = "one", other: str = "the other") -> str:
+    """The first setting in which two sweeps (:meth:`SweepSpec.to_dict`) differ, in words."""
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            return spec_difference(x, y, one, other)
+        return f"{k} = {x!r} in {one}, {y!r} in {other}"
+    return "the same settings"
 
 
 def spec_of(d: dict) -> SweepSpec:
@@ -335,6 +395,9 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
             m = read_manifest(out_dir)  # a subset sweep's spec is the manifest's tables_spec
             if new in (m.get("spec"), m.get("tables_spec")) and (out_dir / "parts").is_dir():
                 return out_dir
+            why = peer_mismatch(out_dir, new, process_index)
+            if why:
+                refuse_peer(out_dir, why)
             time.sleep(0.2)
         raise ConfigError(f"process {process_index}: process 0 did not prepare {out_dir} "
                           f"within {wait_timeout:.0f} s; is --out on a shared file system?")
@@ -501,13 +564,25 @@ def provenance() -> dict:
             "process_count": jax.process_count()}
 
 
-def wait_for_runs(parts: Path, n_runs: int, timeout: float, quiet: bool) -> None:
-    """Process 0: wait until the other processes' parts hold every run."""
+def wait_for_runs(parts: Path, n_runs: int, timeout: float, quiet: bool,
+                  spec: dict | None = None, since: float | None = None) -> None:
+    """Process 0: wait until the other processes' parts hold every run. A live process that runs
+    another sweep (``spec``: process 0's, :func:`peer_mismatch`), or one that refused to run
+    beside this one since ``since`` (a time, :func:`refuse_peer`), stops the wait at once."""
     from .results import done_run_ids
 
     deadline = time.monotonic() + timeout
     said = False
+    marker = parts.parent / MISMATCH
     while len(done_run_ids(parts)) < n_runs:
+        why = None if spec is None else peer_mismatch(parts.parent, spec, 0)
+        if why:
+            refuse_peer(parts.parent, why)
+        try:
+            if since is not None and marker.stat().st_mtime >= since:
+                raise ConfigError(marker.read_text().strip())
+        except FileNotFoundError:
+            pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for the other processes' parts in {parts}")
         if not quiet and not said:

@@ -110,7 +110,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
             check_plot_spec(spec, columns=columns)
     prov = provenance()
     prov["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start))
-    with hold_dir(out_dir, pi):  # a second command into it is refused, not run twice
+    # a second command into it is refused, not run twice; the lock names the sweep for the others
+    with hold_dir(out_dir, pi, spec=spec.to_dict() if pc > 1 else None):
         old_manifest = read_manifest(out_dir)
         before = tables_spec(old_manifest)  # what its tables held until now
         before_history = old_manifest.get("history", []) if old_manifest else []
@@ -144,7 +145,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                     print(f"process {pi}/{pc}: share done; process 0 assembles the results",
                           file=sys.stderr)
                 return None
-            wait_for_runs(out_dir / "parts", spec.n_runs, wait_timeout, quiet)
+            wait_for_runs(out_dir / "parts", spec.n_runs, wait_timeout, quiet, spec.to_dict(),
+                          t_start)
         from .results import assemble
 
         t = time.perf_counter()

@@ -144,6 +144,23 @@ def test_two_processes_match_one(tmp_path, reference):
     assert_same(tables(out), ref)
 
 
+def test_processes_of_different_sweeps_stop_at_once_naming_the_difference(tmp_path, reference):
+    """Process 1 started with another --seeds used to wait 10 minutes for a manifest of its own
+    sweep and blame the file system, and process 0 to wait a day for its runs: both now stop in
+    one line naming the setting, whichever of them sees it first."""
+    f, _ = reference
+    out = tmp_path / "out"
+    port = free_port()
+    procs = [cli([f, "--out", out, "--quiet", "--no-plots", "--distributed", "--coordinator",
+                  f"127.0.0.1:{port}", "--num-processes", 2, "--process-id", i, "--cpu-devices",
+                  1, *(["--seeds", 3] if i else [])]) for i in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 2, err
+        assert "process 1 runs another sweep than process 0" in err
+        assert "seeds = 3 in process 1, 6 in process 0" in err and "Traceback" not in err
+
+
 def test_small_memory_budget_still_completes(tmp_path):
     spec = load_sweep(write_sweep(tmp_path, seeds=2))
     model = MODELS["prompt_attention"]
