@@ -171,6 +171,31 @@ def test_settled_decades_need_the_same_fit_the_same_accuracy_and_the_same_direct
     assert ok.tolist() == [True, False]
 
 
+def test_a_decade_on_the_first_straight_stretch_of_a_flow_is_not_settled():
+    """Early on, outputs move along a line (f0 + t g): a decade turns them little because the
+    whole path does, and holds 90 % of it. Measured against the move since time 0 that decade is
+    not settled; a decade that adds 10 % to a long path is."""
+    f0 = np.array([1.0, 0.0])
+    g = np.array([0.0, 1e-4])
+    m = np.ones((3, 2))
+    early = np.stack([f0 + t * g for t in (0.1, 1.0, 10.0)])
+    late = np.stack([f0 + 100 * g * k for k in (1.0, 1.05, 1.1)])
+    acc = np.full(3, 0.9)
+    assert np.asarray(flow.settled(m, early, early, acc, 1e-3)).tolist() == [True, True]
+    assert np.asarray(flow.settled(m, early, early, acc, 1e-3, start=f0)).tolist() == [False,
+                                                                                        False]
+    assert np.asarray(flow.settled(m, late, late, acc, 1e-3, start=f0)).tolist() == [True, True]
+
+
+def test_a_short_flow_is_not_converged(x64):
+    """A flow to 0.05 of the map's (1000, 100) cell has not fitted its labels and has barely
+    moved: it read converged (from 5e-6) before the move since time 0 was looked at."""
+    out = phasebo.run_one({"train": ("p",), "n": 20, "T": 8, "rho": 0.1, "lr": 5e-3,
+                           "dynamics": "flow", "flow_time": 0.05, "d": 1000,
+                           "signal_norm": 100.0, "n_test": 200, "dtype": "float64"})
+    assert not bool(out.final["converged"]) and float(out.final["train_acc"]) < 1
+
+
 def test_weight_decay_flows_converge_and_say_since_when():
     """Magen et al.'s model with weight decay converges (the stationary point of the regularised
     loss) well before tau = 2000; the same model without it has not by tau = 2 (test accuracy
