@@ -235,6 +235,12 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
                     f"or the loaded runs' regimes again with pb.classify_regime(..., {a}=...)"
                     if a in ("test_eps", "train_acc_fit") else
                     f"fix: one value per sweep (--set {a}=<value>, each into its own --out)")
+        if own.get("dynamics") == "flow" and len(spec.axes.get("lr", ())) > 1:
+            raise ConfigError(
+                f"lr = {spec.axes['lr']!r} as an axis of a gradient flow: the flow does not "
+                "depend on lr, which only sets the unit of its GD-equivalent steps (step = tau / "
+                "lr), so its runs would differ by their step labels and their data alone; fix: one "
+                "lr (--set lr=<value>), and flow_time for the horizon")
         static = model.static_of(own)
         engine = resolve_engine(model, static)
         program = engine.program(model, static)

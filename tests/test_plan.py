@@ -118,3 +118,17 @@ def test_a_memory_refusal_suggests_the_projected_test_set_only_when_it_is_not_in
             assert ("test_mode = \"projected\"" in str(e)) is says, e
         else:
             raise AssertionError("a 1 MiB budget should refuse")
+
+
+def test_an_lr_axis_of_a_flow_is_refused_before_anything_runs():
+    """A flow does not depend on lr (only its GD-equivalent step labels do): an lr axis would
+    draw maps of runs that differ by their labels and data alone."""
+    import pytest
+
+    from phasebo.settings import ConfigError
+
+    flow = spec_from_dict({"dynamics": "flow", "flow_time": 5.0, "n": 8, "d": 40},
+                          {"lr": [0.01, 0.02]})
+    with pytest.raises(ConfigError, match=r"lr = \[0.01, 0.02\] as an axis of a gradient flow"):
+        P.plan(flow)
+    P.plan(spec_from_dict({"n": 8, "d": 40, "steps": 5}, {"lr": [0.01, 0.02]}))  # GD: an axis
