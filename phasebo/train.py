@@ -288,6 +288,9 @@ def finish_limit(final: dict, margin, iterations, grad_norm, tol: float, batch: 
 FINITE_FINAL = ("train_loss", "test_loss", "margin")
 
 
+ACCURACIES = ("train_acc", "train_acc_clean", "train_acc_noisy", "test_acc")
+
+
 def final_finite(final: dict) -> jax.Array:
     """Whether the final losses, smallest margin and parameter norms are finite. Parameters near
     the edge of the float range can train with finite losses and still overflow there (a norm,
@@ -347,6 +350,11 @@ def finish(final: dict, ls: LoopState, batch: Batch, roles, dtype, flowed: dict 
         final["status"] = jnp.where(
             flowed["solved"], jnp.where(finite, int(Status.OK), int(Status.DIVERGED)),
             int(Status.UNSOLVED)).astype(jnp.int32)
+    # at a state that is not finite (diverged, or a flow whose solve stopped: NaN) the outputs
+    # are NaN and "margin > 0" holds nowhere: an accuracy of 0 would be a measurement; NaN says
+    # there is none (as the losses and margins say)
+    for k in [k for k in final if k in ACCURACIES or k.startswith("p_align_")]:
+        final[k] = jnp.where(finite, final[k], jnp.nan).astype(final[k].dtype)
     return final
 
 

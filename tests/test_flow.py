@@ -279,3 +279,15 @@ def test_the_unrolled_bosh3_is_diffraxs_bosh3(monkeypatch, x64):
         for k in a:
             np.testing.assert_allclose(np.asarray(b[k]), np.asarray(a[k]), rtol=1e-9, atol=1e-12,
                                        err_msg=f"{part}.{k}")
+
+
+def test_an_unsolved_flow_has_no_accuracy():
+    """A solve stopped by flow_max_steps holds no final state: its losses and margins are NaN,
+    and so are its accuracies (they read 0.0, a measurement of nothing)."""
+    out = phasebo.run_one({"train": ("p",), "n": 20, "T": 8, "rho": 0.1, "dynamics": "flow",
+                           "flow_time": 5000.0, "flow_max_steps": 5, "d": 250,
+                           "signal_norm": 5.0, "n_test": 200})
+    f = {k: float(v) for k, v in out.final.items() if np.ndim(v) == 0}
+    assert int(out.final["status"]) == 2  # unsolved
+    assert all(np.isnan(f[k]) for k in ("train_acc", "train_acc_clean", "train_acc_noisy",
+                                         "test_acc", "train_loss", "p_align_e1"))
