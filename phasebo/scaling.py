@@ -196,6 +196,8 @@ def horizon_text(b: pd.DataFrame) -> str:
     if not (steps or time) and any(c in b.columns and len(b) and b[c].isna().all()
                                    for c in ("steps", "time")):
         return " at pooled horizons"  # over= pooled slices run to different horizons
+    if time == "∞":  # the converged limit (steps 0): no step is its horizon
+        return " at the converged limit"
     if steps and time:
         return f" at step {steps} (time {time})"
     return f" at step {steps}" if steps else f" at time {time}" if time else ""

@@ -538,3 +538,15 @@ def test_a_refinement_refuses_another_sweeps_runs_before_moving_anything(tmp_pat
         pb.refine_sweep(spec, r, tmp_path / "ref", quiet=True)
     assert (tmp_path / "ref" / "parts").is_dir() and (tmp_path / "ref" / "manifest.json").exists()
     assert not (tmp_path / "ref" / "round-0" / "parts").exists()
+
+
+def test_the_converged_limit_is_named_as_its_horizon_not_step_0():
+    """The limit's runs have steps 0 and time inf: "at step 0 (time ∞)" read as the
+    initialisation."""
+    from phasebo.scaling import horizon_text
+
+    b = boundaries(planted(np.random.default_rng(2), seeds=6), "signal_norm", "d")
+    assert horizon_text(b.assign(steps=0, time=np.inf)) == " at the converged limit"
+    assert pb.power_law_row(b.assign(steps=0, time=np.inf), "signal_norm", "d")["horizon"] == \
+        "the converged limit"
+    assert horizon_text(b.assign(steps=1000, time=5.0)) == " at step 1000 (time 5)"

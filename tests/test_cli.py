@@ -546,7 +546,10 @@ def test_boundaries_by_draws_a_figure_per_slice_and_over_none(tmp_path, capsys):
     stem = "boundary_benign_harmful_along_signal_norm_per_d_by_lr"
     assert sorted(p.name for p in tmp_path.glob("boundary_*.png")) == [
         f"{stem}_lr=0.01.png", f"{stem}_lr=0.02.png"]
-    assert "at step 100, 4 seeds" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "at step 100, 4 seeds" in out
+    # one summary per lr, as the fit table has one row per lr (not one fit pooling both)
+    assert "lr = 0.01: boundary" in out and "lr = 0.02: boundary" in out
     assert run(["boundaries", *common, "--over", "lr"]) == 0
     assert "no figure: the slices pool lr (--over)" in capsys.readouterr().out
     assert len(list(tmp_path.glob("boundary_*.png"))) == 2

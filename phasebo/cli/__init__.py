@@ -236,7 +236,13 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     cols = [*lead, args.y, *split(args.by), "boundary", "lo", "hi", "n_runs", "n_seeds", "status"]
     with pd.option_context("display.width", 120, "display.max_rows", 400):
         print(b[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(summary(b, args.x, args.y))
+    if split(args.by):  # one summary and fit per --by group, as the fit table holds them
+        for key, g in b.groupby(split(args.by), sort=True, dropna=False):
+            key = key if isinstance(key, tuple) else (key,)
+            print(", ".join(f"{k} = {v}" for k, v in zip(split(args.by), key)) + ": "
+                  + summary(g, args.x, args.y))
+    else:
+        print(summary(b, args.x, args.y))
     one_step = "step" not in b.columns or b["step"].nunique() == 1
     if one_step:  # the fit and its verdict (ok, scattered, too_few_slices), per --by group
         by = split(args.by)
