@@ -87,6 +87,15 @@ def _table_path(path: Path, table: str) -> Path:
     return path if table == "results" else path.with_name(f"{table}.parquet")
 
 
+def _limit_only(d: Path) -> bool:
+    """Whether the sweep in ``d`` ran the converged limit only (it records no dynamics)."""
+    try:
+        dyn = pd.read_parquet(d / "results.parquet", columns=["dynamics"])["dynamics"]
+    except (OSError, KeyError, ValueError, ImportError):
+        return False
+    return len(dyn) > 0 and bool((dyn.astype(str) == "limit").all())
+
+
 def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partial: bool = False,
          duplicates: str = "drop", notes: bool = True) -> pd.DataFrame:
     """Load one or several sweeps' ``table`` (``results``, ``dynamics`` or ``samples``).
@@ -143,6 +152,9 @@ def load(paths: PathLike | Iterable[PathLike], table: str = "results", *, partia
                                   f"pb.load(sorted(Path(dir).glob('round-*')), {table!r}))")
             hint = "; set record_every or record_log to record dynamics" if table == "dynamics" \
                 else ""
+            if table == "dynamics" and _limit_only(tp.parent):
+                hint = ("; the converged limit has no time axis (one state, the minimiser): its "
+                        "numbers are the results table's (without --step on the command line)")
             raise ConfigError(f"{tp} does not exist: this sweep did not record {table}{hint}")
         t = read_table(tp)
         if "source" not in t.columns:

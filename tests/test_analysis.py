@@ -297,3 +297,12 @@ def test_loading_a_table_without_runs_is_one_line(tmp_path):
     A.aggregate(synthetic_runs()).to_parquet(tmp_path / "cells.parquet")
     with pytest.raises(ConfigError, match="holds no runs"):
         A.load(tmp_path / "cells.parquet")
+
+
+def test_the_dynamics_of_a_limit_sweep_are_refused_with_the_limits_reason(tmp_path):
+    """The converged limit refuses record_every and record_log: the error about its missing
+    dynamics must not suggest them."""
+    synthetic_runs().assign(dynamics="limit").to_parquet(tmp_path / "results.parquet")
+    with pytest.raises(ConfigError, match="the converged limit has no time axis") as e:
+        A.load(tmp_path, "dynamics")
+    assert "record_every" not in str(e.value)
