@@ -118,6 +118,9 @@ def resolve_engine(model: Model, static) -> Engine:
             f"{' or '.join(repr(e) for e in ['auto', *table])}")
     why = table[static.engine].supports(model, static)
     if why:
+        ok = [e for e, eng in table.items() if eng.supports(model, static) is None]
+        best = max(ok, key=lambda e: table[e].priority)
         raise ConfigError(f"engine = {static.engine!r} cannot run this {model.name} run: {why}; "
-                          "fix: engine = \"auto\" or \"direct\"")
+                          f"fix: engine = \"auto\" (it picks \"{best}\" here)"
+                          + "".join(f" or \"{e}\"" for e in ok))
     return table[static.engine]

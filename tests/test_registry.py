@@ -459,3 +459,11 @@ def test_results_carry_only_their_models_settings_and_a_mixed_sweep_gets_the_uni
     assert pa["rho"].notna().all() and sh["rho"].isna().all()  # rho is not single_head's
     assert pa["radius_v"].isna().all() and sh["radius_v"].notna().all()
     assert pa["train"].notna().all() and sh["train"].isna().all()
+
+
+def test_an_engine_that_cannot_run_a_setting_names_the_engines_that_can():
+    """W trained: the reduced engine cannot run it; the fix names the engine auto picks and every
+    engine that runs it (it said "auto or direct", while naming gram as the exact one)."""
+    with pytest.raises(ConfigError, match=r'fix: engine = "auto" \(it picks "gram" here\) or '
+                                          r'"direct" or "gram"$'):
+        phasebo.spec_from_dict({"engine": "reduced", "train": ["W", "p"], "d": 50})
