@@ -191,9 +191,12 @@ def _same_runs(a: dict, b: dict) -> str:
     """Why two cells that differ only in settings outside a run's identity are refused."""
     diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     vals = "; ".join(f"{k} = {a.get(k)!r} and {b.get(k)!r}" for k in diff)
-    return (f"two cells differ only in {', '.join(diff)} ({vals}), which do not change a run: "
-            "they are the same runs (same ids, data and keys) and one directory holds each run "
-            f"once; fix: run each value into its own --out (e.g. --set {diff[0]}={b.get(diff[0])}"
+    how = (" (an engine is how a run is computed, not which run: the reduced engine draws the "
+           "same run's noise from its Wishart law, so its numbers differ)" if "engine" in diff
+           else "")
+    return (f"two cells differ only in {', '.join(diff)} ({vals}), which are not part of a run's "
+            f"identity{how}: their runs have the same ids and keys, and one directory holds each "
+            f"run once; fix: run each value into its own --out (e.g. --set {diff[0]}={b.get(diff[0])}"
             " --out results/<name>-<value>) and pb.load([...]) them together")
 
 
