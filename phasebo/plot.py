@@ -410,7 +410,7 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
     the figure's title states the seeds and the settings every panel shares. ``fig.slices``:
     the panels' slices, in order."""
     df = A.select(df, where)
-    facets = list(A.other_axes(df, x, y) if facets is None else facets)
+    facets = list(A.untied(df, A.other_axes(df, x, y)) if facets is None else facets)
     slices = facet_slices(df, facets)
     if len(slices) > 4 * MAX_PANELS:
         raise ValueError(f"facet_maps: {len(slices)} slices of {', '.join(facets)}; fix: fix "

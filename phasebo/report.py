@@ -113,7 +113,8 @@ def map_figures(df, h: Mapping, name: str, cache: dict | None = None) -> list[tu
     x, y = h["x"], h["y"]
     where = h.get("where") or {}
     sel = A.select(df, where)
-    others = A.other_axes(sel, x, y)
+    # the axes that tell the slices apart, each named once (flow_* settings tied to dynamics)
+    others = A.untied(sel, A.other_axes(sel, x, y))
     if not others:
         if cache is None:
             return [(_map(df, h)[0], name)]
@@ -317,7 +318,8 @@ def _regime_steps_figure(df, h: Mapping, out_dir: Path, formats, dpi) -> list[Pa
     if dyn["step"].nunique() < 2:
         return []
     where = h.get("where") or {}
-    others = A.other_axes(A.select(dyn, where), h["x"], h["y"], "step")
+    sel = A.select(dyn, where)
+    others = A.untied(sel, A.other_axes(sel, h["x"], h["y"], "step"))
     tag = f"_{P.slice_tag(where)}" if where else ""
     paths = []
     for w in P.facet_slices(A.select(dyn, where), others):

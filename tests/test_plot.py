@@ -426,3 +426,15 @@ def test_titles_state_the_horizon_and_rule_and_spread_grids_get_a_log_axis():
     assert "test_eps" not in settings_text(ref.assign(test_eps=0.05, test_reference="absolute"))
     assert _auto_log("query_lambda", np.array([0.001, 0.06, 1.0]))
     assert not _auto_log("x", np.array([1.0, 2.0, 3.0, 5.0]))
+
+
+def test_panels_are_named_by_the_axis_that_tells_them_apart_once():
+    """GD against a flow in [[cases]]: flow_time (NaN for GD) is tied to dynamics; the panels
+    are titled by dynamics alone (they listed every flow setting and overlapped)."""
+    rows = [{"d": d, "signal_norm": m, "seed": s, "regime": "benign", "status": "ok",
+             "dynamics": dyn, "flow_time": 5.0 if dyn == "flow" else np.nan}
+            for dyn in ("gd", "flow") for d in (250, 4000) for m in (5.0, 20.0) for s in range(2)]
+    fig, axs = P.facet_maps(pd.DataFrame(rows), "signal_norm", "d", "regime")
+    titles = sorted(a.get_title() for a in np.ravel(axs) if a.get_title())
+    assert titles == ["dynamics = flow", "dynamics = gd"]
+    P.plt.close(fig)
