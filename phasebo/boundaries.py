@@ -368,7 +368,8 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
                and df.groupby(keys, observed=True)[c].nunique(dropna=False).max() > 1
                and not tied_to_x(c)]
     if varying:
-        raise ValueError(f"{', '.join(varying)} vary inside the slices of {', '.join(keys)}: a "
+        verb = "varies" if len(varying) == 1 else "vary"
+        raise ValueError(f"{', '.join(varying)} {verb} inside the slices of {', '.join(keys)}: a "
                          "boundary fit would pool them; fix: add them to by (--by), select "
                          "one value first, or name them in over (--over) to pool them")
     if log is None:

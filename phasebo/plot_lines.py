@@ -79,7 +79,8 @@ def regime_shares(df: pd.DataFrame, x: str, ax=None, where: Mapping | None = Non
                          "fractions are of its own cells")
     others = A.other_axes(runs, x)  # an axis tied to x one to one (d behind snr) is x itself
     if others:
-        raise ValueError(f"{', '.join(others)} also vary: a line per regime would pool them; "
+        verb = "varies" if len(others) == 1 else "vary"
+        raise ValueError(f"{', '.join(others)} also {verb}: a line per regime would pool them; "
                          f"fix: fix them with where = {{{others[0]} = ...}}")
     cells = A.aggregate(runs, by=[x], metrics=[]).sort_values(x)
     fig, ax = _new(ax, (6.0, 4.0))

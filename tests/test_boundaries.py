@@ -119,7 +119,7 @@ def test_outside_range_and_custom_regime_names():
 def test_varying_setting_inside_a_slice_is_refused():
     df = planted(np.random.default_rng(3), seeds=4)
     df["n"] = np.where(df["seed"] % 2 == 0, 20, 40)
-    with pytest.raises(ValueError, match="n vary inside the slices"):
+    with pytest.raises(ValueError, match="n varies inside the slices"):
         boundaries(df, "signal_norm", "d")
     assert len(boundaries(df, "signal_norm", "d", by=["n"])) == 2 * len(DS)
     assert len(boundaries(df, "signal_norm", "d", over=["n"])) == len(DS)
