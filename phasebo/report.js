@@ -155,7 +155,8 @@
                 zeroline: false},
         yaxis: D.y ? {title: {text: label(D.y)}, ...ticks(D.ys),
                       range: [-0.5, D.ys.length - 0.5], zeroline: false}
-                   : {showticklabels: false, range: [-0.5, 0.5], zeroline: false}};
+                   : {showticklabels: false, ticks: "", showgrid: false, range: [-0.5, 0.5],
+                      zeroline: false}};
       Plotly.newPlot(div, [heat, ...boundaryTraces(k)], layout,
                      {displaylogo: false, responsive: false});
       div.on("plotly_click", (ev) => {
