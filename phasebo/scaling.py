@@ -190,7 +190,9 @@ def horizon_text(b: pd.DataFrame) -> str:
 
     if STEP in b.columns:  # each row is a recorded step: one step is the table's horizon
         k = b[STEP].dropna().unique()
-        return f" at step {int(k[0])}" if len(k) == 1 else ""
+        t = span("time", num)  # that step's time (a flow's tau, lr x step for GD)
+        return (f" at step {int(k[0])}" + (f" (time {t})" if t and "–" not in t else "")
+                if len(k) == 1 else "")
     steps, time = span("steps", lambda v: f"{int(v)}" if np.isfinite(v) else num(v)), \
         span("time", num)
     if not (steps or time) and any(c in b.columns and len(b) and b[c].isna().all()
@@ -232,7 +234,8 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
             if r["status"] == "grid_limited":
                 fit += (" — grid-limited: no slice places its boundary, so the exponent is that "
                         "of grid-gap midpoints and says little")
-            lines.append(f"  step {int(r[STEP])}: {int(r['n_found'])} of {int(r['n_slices'])} "
+            t = horizon_text(b[b[STEP] == r[STEP]]).removeprefix(f" at step {int(r[STEP])}")
+            lines.append(f"  step {int(r[STEP])}{t}: {int(r['n_found'])} of {int(r['n_slices'])} "
                          f"slices found; {fit}")
         return "\n".join(lines)
     counts = b["status"].astype(str).value_counts()

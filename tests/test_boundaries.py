@@ -550,3 +550,5 @@ def test_the_converged_limit_is_named_as_its_horizon_not_step_0():
     assert pb.power_law_row(b.assign(steps=0, time=np.inf), "signal_norm", "d")["horizon"] == \
         "the converged limit"
     assert horizon_text(b.assign(steps=1000, time=5.0)) == " at step 1000 (time 5)"
+    # a recorded step of a dynamics table: its time too (a flow's tau is not step x lr of 1)
+    assert horizon_text(b.assign(step=100000, time=500.0)) == " at step 100000 (time 500)"
