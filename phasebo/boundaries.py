@@ -358,6 +358,11 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
         role = "x" if both[0] == x else "y" if both[0] == y else "by"
         raise ValueError(f"over names {both[0]!r}, the boundary's {role}: it is the boundary's "
                          f"own axis, never pooled; fix: leave it out of over (--over)")
+    seeds = [c for c in over if c in ("seed", "root_seed")]
+    if seeds:
+        raise ValueError(f"over names {seeds[0]!r}: a slice's runs of every seed are always "
+                         "pooled (the interval is a bootstrap over seeds); fix: leave it out of "
+                         "over (--over)")
     fixed = {x, *keys, *over, "seed", "root_seed"}
     def tied_to_x(c):  # a setting that x determines one to one (d when x is the snr)
         return all(g.groupby(x)[c].nunique(dropna=False).max() == 1 and

@@ -540,6 +540,13 @@ def test_a_refinement_refuses_another_sweeps_runs_before_moving_anything(tmp_pat
     assert not (tmp_path / "ref" / "round-0" / "parts").exists()
 
 
+def test_over_seed_is_refused_since_seeds_are_always_pooled():
+    """--over seed changed nothing but the output files' names."""
+    runs = planted(np.random.default_rng(2), seeds=6)
+    with pytest.raises(ValueError, match="over names 'seed': a slice's runs of every seed"):
+        boundaries(runs, "signal_norm", "d", over=["seed"])
+
+
 def test_the_converged_limit_is_named_as_its_horizon_not_step_0():
     """The limit's runs have steps 0 and time inf: "at step 0 (time ∞)" read as the
     initialisation."""
