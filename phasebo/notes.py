@@ -93,14 +93,21 @@ def sweep_notes(spec: SweepSpec) -> list[str]:
 
 
 def precision_notes(spec: SweepSpec) -> list[str]:
-    """A note when JAX's own default matmul precision is set: phasebo's runs follow their
-    ``matmul_precision`` setting instead."""
+    """A note when a lower ``matmul_precision`` is asked for on CPU, where it changes nothing, and
+    when JAX's own default matmul precision is set: phasebo's runs follow their setting instead."""
     import jax
 
+    out = []
+    lower = sorted({str(v) for v in spec.values("matmul_precision")} - {"highest"})
+    if lower and jax.default_backend() == "cpu":
+        out.append(f"note: matmul_precision = {', '.join(lower)} changes nothing on CPU (its "
+                   "matrix products are full precision there); it lowers the precision of "
+                   "float32 products on GPU and TPU only")
     own = jax.config.jax_default_matmul_precision
     if own is None:
-        return []
+        return out
     vals = ", ".join(sorted(map(str, spec.values("matmul_precision")))) or "highest"
-    return [f"JAX's default matmul precision is set to {own!r}, but phasebo's runs compute "
-            f"their matrix products at their matmul_precision setting ({vals}); to change it, "
-            "set matmul_precision in the sweep (e.g. --set matmul_precision=tensorfloat32)"]
+    return out + [f"JAX's default matmul precision is set to {own!r}, but phasebo's runs "
+                  f"compute their matrix products at their matmul_precision setting ({vals}); "
+                  "to change it, set matmul_precision in the sweep (e.g. --set "
+                  "matmul_precision=tensorfloat32)"]

@@ -31,3 +31,17 @@ def test_a_full_batch_minibatch_and_a_decay_free_adamw_are_noted(capsys, tmp_pat
     f.write_text('name = "s"\n[settings]\nd = 100\nn = 20\nnoise_ratio = 0.15\nsteps = 5\n')
     assert main([str(f), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     assert "note: noise_ratio = 0.15 at n = 20 flips 2 labels" in capsys.readouterr().out
+
+
+def test_a_lower_matmul_precision_on_cpu_is_noted_as_changing_nothing():
+    """On CPU the products are full precision whatever the setting: a sweep asking for
+    tensorfloat32 there is told so instead of believing its numbers lower-precision."""
+    import jax
+
+    from phasebo.notes import precision_notes
+
+    spec = phasebo.spec_from_dict({"d": 100, "matmul_precision": "tensorfloat32"})
+    notes = precision_notes(spec)
+    if jax.default_backend() == "cpu":
+        assert any("tensorfloat32 changes nothing on CPU" in n for n in notes)
+    assert precision_notes(phasebo.spec_from_dict({"d": 100})) == []
