@@ -64,8 +64,8 @@ def run_one(settings=None, **kwargs):
 
 def enable_compilation_cache():
     """Keep compiled programs on disk between processes, as the command line does; see
-    :func:`phasebo.execute.enable_compilation_cache`."""
-    from .execute import enable_compilation_cache as _enable
+    :func:`phasebo.settings.enable_compilation_cache`."""
+    from .settings import enable_compilation_cache as _enable
 
     _enable()
 

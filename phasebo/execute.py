@@ -40,7 +40,7 @@ from .grid import chunk_arrays, chunks, group_pieces, select
 from .plan import next_width
 from .registry import get_model, resolve_engine
 from .results import done_run_ids, output_columns, rows, write_table_atomic
-from .settings import SHAPES_ONLY, ConfigError, cache_dir
+from .settings import SHAPES_ONLY, ConfigError
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 IN_FLIGHT = 2  # blocks dispatched ahead of the one being waited for
@@ -514,22 +514,6 @@ def traced_columns(pl) -> set[str]:
     return cols
 
 
-
-def enable_compilation_cache() -> None:
-    """Keep compiled programs on disk (``~/.cache/phasebo/jax``, or ``$PHASEBO_CACHE/jax``) unless
-    the user chose a cache: a rerun, a resume or a similar sweep then skips compilation. The
-    command line calls it; from Python (a notebook) it is a choice, since it changes JAX's
-    configuration for the whole process."""
-    jax = _jax()
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
-        return
-    path = os.path.join(cache_dir(), "jax")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        return  # read-only home: run without a cache
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 def need_x64(dtypes) -> None:
     """Refuse ``dtype = "float64"`` while 64-bit JAX is off: JAX would compute in float32 and

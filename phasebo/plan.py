@@ -238,7 +238,9 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
                     f"or the loaded runs' regimes again with pb.classify_regime(..., {a}=...)"
                     if a in ("test_eps", "train_acc_fit") else
                     f"fix: one value per sweep (--set {a}=<value>, each into its own --out)")
-        if own.get("dynamics") == "flow" and len(spec.axes.get("lr", ())) > 1:
+        # (beside GD cells that need it, an lr axis is the sweep's: those are told by their maps)
+        if own.get("dynamics") == "flow" and len(spec.axes.get("lr", ())) > 1 and \
+                {str(v) for v in spec.values("dynamics")} == {"flow"}:
             raise ConfigError(
                 f"lr = {spec.axes['lr']!r} as an axis of a gradient flow: the flow does not "
                 "depend on lr, which only sets the unit of its GD-equivalent steps (step = tau / "
@@ -249,6 +251,8 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
         program = engine.program(model, static)
         axis = shared_axis(cell) if engine.steps_shared_noise else None
         members = len(spec.axes[axis]) if axis else 1
+        if members == 1:  # one value: nothing to step together; its key is still the group's
+            axis = None
         key = (model.name, engine.name, program, axis, members)
         g = groups.get(key)
         if g is None:

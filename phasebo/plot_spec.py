@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,31 +31,36 @@ def plot_formats(plot: Mapping, default=("png",)) -> tuple[str, ...]:
         else tuple(str(x).lower() for x in f)
 
 
+def _bad_formats(formats) -> bool:
+    return not formats or not all(isinstance(x, str) and x.lower() in FIGURE_FORMATS
+                                  for x in formats)
+
+
+def _bad_dpi(d) -> bool:
+    return isinstance(d, bool) or not isinstance(d, numbers.Integral) or not 10 <= d <= 2400
+
+
 def _check_output(plot: Mapping) -> None:
     """``[plot] formats`` and ``dpi``: checked here, not after every run has finished."""
     if "formats" in plot:
         f = plot["formats"]
-        if not isinstance(f, str | list) or not plot_formats(plot) or not all(
-                isinstance(x, str) and x.lower() in FIGURE_FORMATS for x in plot_formats(plot)):
+        if not isinstance(f, str | list) or _bad_formats(plot_formats(plot)):
             raise ConfigError(f"[plot] formats = {f!r}: formats are {', '.join(FIGURE_FORMATS)}; "
                               "fix: e.g. formats = [\"png\", \"pdf\"]")
-    if "dpi" in plot:
-        d = plot["dpi"]
-        if isinstance(d, bool) or not isinstance(d, int) or not 10 <= d <= 2400:
-            raise ConfigError(f"[plot] dpi = {d!r} is not a resolution in dots per inch; fix: a "
-                              "whole number from 10 to 2400, e.g. dpi = 200")
+    if "dpi" in plot and _bad_dpi(plot["dpi"]):
+        raise ConfigError(f"[plot] dpi = {plot['dpi']!r} is not a resolution in dots per inch; "
+                          "fix: a whole number from 10 to 2400, e.g. dpi = 200")
 
 
 def check_figure_args(formats, dpi) -> None:
     """The figure formats and resolution a sweep is given (the Python API's ``formats`` and
-    ``dpi``; the command line checks its flags), before anything runs."""
-    if isinstance(formats, str) or not formats or any(
-            not isinstance(f, str) or f.lower() not in FIGURE_FORMATS for f in formats):
+    ``dpi``; the command line checks its flags), before anything runs: the rules of ``[plot]``."""
+    if isinstance(formats, str) or _bad_formats(formats):
         raise ConfigError(f"formats = {formats!r}: a tuple of {', '.join(FIGURE_FORMATS)}; fix: "
                           "e.g. formats=(\"png\", \"pdf\")")
-    if isinstance(dpi, bool) or not isinstance(dpi, int | float) or not dpi > 0:
-        raise ConfigError(f"dpi = {dpi!r}: the resolution of raster figures must be more than 0; "
-                          "fix: e.g. dpi=150")
+    if _bad_dpi(dpi):
+        raise ConfigError(f"dpi = {dpi!r} is not a resolution in dots per inch; fix: a whole "
+                          "number from 10 to 2400, e.g. dpi=150")
 
 
 def check_plot_spec(spec, columns: set[str] | None = None) -> None:

@@ -280,8 +280,8 @@ def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame, reference=None) -> p
     prev_margin = np.where((step == horizon) & stops_at_horizon(per_run)[idx], np.nan,
                            prev_margin)
     regime = classify_regime(d["train_acc"].to_numpy(float), d["test_acc"].to_numpy(float),
-                             status, col("test_eps", 0.05).astype(float),
-                             col("train_acc_fit", 1.0).astype(float), n_noisy=col("n_noisy", 1),
+                             status, _col(per_run, "test_eps", 0.05)[idx],
+                             _col(per_run, "train_acc_fit", 1.0)[idx], n_noisy=col("n_noisy", 1),
                              margin=d["margin"].to_numpy(float), margin_prev=prev_margin,
                              step=step, step_prev=prev_step, reference=ref)
     keep = [c for c in ("run_id", "step", "train_acc", "train_acc_clean", "train_acc_noisy",

@@ -197,7 +197,8 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
             continue
         found = np.isfinite(t["boundary"].to_numpy(float)) & \
             t["status"].astype(str).isin(("ok", "unresolved", "separated"))
-        missed = t.loc[~found & t["status"].astype(str).isin(UNPLACED), "status"].astype(str)
+        both = (t["n_a"] > 0) & (t["n_b"] > 0)  # a noise-free row holds neither: no boundary
+        missed = t.loc[~found & both & t["status"].astype(str).isin(UNPLACED), "status"].astype(str)
         if len(missed):
             left.append(f"{a} / {b.replace('_', ' ')}: " + ", ".join(
                 f"{k} slice{'s' if k > 1 else ''} {s} ({UNPLACED[s]})"

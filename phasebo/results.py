@@ -211,6 +211,14 @@ def rows(spec, g, cols: list, out) -> tuple:
     if (rec or flow) and out.dynamics:
         cols_d = {k: np.asarray(v)[:n].reshape(-1) for k, v in out.dynamics.items()}
         R = len(next(iter(cols_d.values()))) // max(n, 1)
+        if flow and "time" in cols_d:
+            # the recorded times as the host set them (float64, tidy), not their float32 copies
+            # from the device (0.10000000149 for 0.1)
+            from .flow import record_times
+
+            host = np.asarray(record_times(g.program.flow_time, g.program.record_log), float)
+            if len(host) == R:
+                cols_d["time"] = np.tile(host, n)
         step = cols_d.pop("step").astype(np.int64) if flow else np.tile(np.asarray(rec, np.int64), n)
         dyn = pd.DataFrame({"run_id": np.repeat(res["run_id"].to_numpy(), R), "step": step,
                             **cols_d})

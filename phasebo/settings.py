@@ -195,6 +195,25 @@ def cache_dir() -> str:
                                                         "phasebo"))
 
 
+def enable_compilation_cache() -> None:
+    """Keep compiled programs on disk (``~/.cache/phasebo/jax``, or ``$PHASEBO_CACHE/jax``) unless
+    the user chose a cache: a rerun, a resume or a similar sweep then skips compilation. The
+    command line calls it; from Python (a notebook) it is a choice, since it changes JAX's
+    configuration for the whole process. Call it before anything compiles: a program compiled
+    before it is not stored."""
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    path = os.path.join(cache_dir(), "jax")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return  # read-only home: run without a cache
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 CORE = (
     S("model", "prompt_attention", str, "static", "which model to train (phasebo settings lists "
       "them)"),
@@ -287,7 +306,8 @@ FLOW = (
       "(status unsolved)", at_least(1), requires=("dynamics", "flow"), silent_default=True),
     S("flow_converge_tol", 1e-3, float, "static", "converged: over the last decade of flow time "
       "the same labels fitted, test accuracy within 0.005, and the directions of the logits and "
-      "outputs turned by a cosine distance <= this", positive, requires=("dynamics", "flow"),
+      "outputs turned by a cosine distance <= this (and the outputs moved over it by at most 0.8 "
+      "of their move since time 0)", positive, requires=("dynamics", "flow"),
       silent_default=True),
     S("limit_tol", 1e-6, float, "static", "the limit is reached (converged) when the gradient "
       "norm of L + (weight_decay/2)||theta||^2 is at most this", positive,

@@ -87,6 +87,8 @@ def hold_dir(out_dir: Path, process_index: int = 0, what: str = "sweep", spec: d
     try:
         if fcntl is not None:
             _lock(f, out_dir)
+        if process_index == 0 and spec is not None:  # a refusal of a cluster run before this one
+            (out_dir / MISMATCH).unlink(missing_ok=True)
         if writable:
             f.seek(0)
             f.truncate()
@@ -392,12 +394,12 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
     if process_index > 0:
         deadline = time.monotonic() + wait_timeout
         while time.monotonic() < deadline:
+            why = peer_mismatch(out_dir, new, process_index)  # before a manifest of the same
+            if why:  # sweep run earlier is taken for this one's
+                refuse_peer(out_dir, why)
             m = read_manifest(out_dir)  # a subset sweep's spec is the manifest's tables_spec
             if new in (m.get("spec"), m.get("tables_spec")) and (out_dir / "parts").is_dir():
                 return out_dir
-            why = peer_mismatch(out_dir, new, process_index)
-            if why:
-                refuse_peer(out_dir, why)
             time.sleep(0.2)
         raise ConfigError(f"process {process_index}: process 0 did not prepare {out_dir} "
                           f"within {wait_timeout:.0f} s; is --out on a shared file system?")
@@ -564,25 +566,30 @@ def provenance() -> dict:
             "process_count": jax.process_count()}
 
 
+def check_peers(out_dir: Path, spec: dict) -> None:
+    """Process 0: refuse to go on beside a live process of another sweep (:func:`peer_mismatch`)
+    or after one refused to run beside it (its ``.phasebo-mismatch``, removed by process 0's
+    :func:`hold_dir` when it starts, so any there now is this run's)."""
+    why = peer_mismatch(out_dir, spec, 0)
+    if why:
+        refuse_peer(out_dir, why)
+    try:
+        raise ConfigError((Path(out_dir) / MISMATCH).read_text().strip())
+    except FileNotFoundError:
+        pass
+
+
 def wait_for_runs(parts: Path, n_runs: int, timeout: float, quiet: bool,
-                  spec: dict | None = None, since: float | None = None) -> None:
-    """Process 0: wait until the other processes' parts hold every run. A live process that runs
-    another sweep (``spec``: process 0's, :func:`peer_mismatch`), or one that refused to run
-    beside this one since ``since`` (a time, :func:`refuse_peer`), stops the wait at once."""
+                  spec: dict | None = None) -> None:
+    """Process 0: wait until the other processes' parts hold every run; a process of another
+    sweep (``spec``: process 0's, :func:`check_peers`) stops the wait at once."""
     from .results import done_run_ids
 
     deadline = time.monotonic() + timeout
     said = False
-    marker = parts.parent / MISMATCH
     while len(done_run_ids(parts)) < n_runs:
-        why = None if spec is None else peer_mismatch(parts.parent, spec, 0)
-        if why:
-            refuse_peer(parts.parent, why)
-        try:
-            if since is not None and marker.stat().st_mtime >= since:
-                raise ConfigError(marker.read_text().strip())
-        except FileNotFoundError:
-            pass
+        if spec is not None:
+            check_peers(parts.parent, spec)
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for the other processes' parts in {parts}")
         if not quiet and not said:

@@ -43,6 +43,7 @@ from .registry import ENGINES
 from .settings import ConfigError
 from .store import (
     check_out_dir,
+    check_peers,
     clear_boundaries,
     clear_figures,
     hold_dir,
@@ -116,6 +117,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         before = tables_spec(old_manifest)  # what its tables held until now
         before_history = old_manifest.get("history", []) if old_manifest else []
         out_dir = prepare_out_dir(out_dir, spec, overwrite, pi, provenance=prov)
+        if pc > 1 and pi == 0:  # a process of another sweep already there: before any run
+            check_peers(out_dir, spec.to_dict())
         executor = executor or Executor()
         try:
             stats = executor.execute(pl, out_dir, quiet=quiet, max_chunks=max_chunks, share=(pi, pc),
@@ -145,8 +148,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                     print(f"process {pi}/{pc}: share done; process 0 assembles the results",
                           file=sys.stderr)
                 return None
-            wait_for_runs(out_dir / "parts", spec.n_runs, wait_timeout, quiet, spec.to_dict(),
-                          t_start)
+            wait_for_runs(out_dir / "parts", spec.n_runs, wait_timeout, quiet, spec.to_dict())
         from .results import assemble
 
         t = time.perf_counter()

@@ -132,3 +132,6 @@ def test_an_lr_axis_of_a_flow_is_refused_before_anything_runs():
     with pytest.raises(ConfigError, match=r"lr = \[0.01, 0.02\] as an axis of a gradient flow"):
         P.plan(flow)
     P.plan(spec_from_dict({"n": 8, "d": 40, "steps": 5}, {"lr": [0.01, 0.02]}))  # GD: an axis
+    # GD against a flow over lr: the GD cells need the axis
+    P.plan(spec_from_dict({"n": 8, "d": 40}, {"lr": [0.01, 0.02]}, cases=[
+        {"dynamics": "gd", "steps": 5}, {"dynamics": "flow", "flow_time": 5.0}]))

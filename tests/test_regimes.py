@@ -346,3 +346,13 @@ def test_classify_regime_refuses_what_it_cannot_judge(args, kw, match):
 
     with pytest.raises(ValueError, match=match):
         pb.classify_regime(*args, **kw)
+
+
+def test_regimes_over_time_fill_thresholds_a_joined_table_lacks():
+    """Tables of two models joined: a run whose model has no test_eps holds NaN there; it is
+    judged at the default, not refused as an out-of-range threshold."""
+    res = pd.DataFrame({"run_id": [1, 2], "status": ["ok", "ok"], "test_eps": [0.05, np.nan],
+                        "train_acc_fit": [1.0, np.nan], "n_noisy": [2, 2]})
+    dyn = pd.DataFrame({"run_id": [1, 2], "step": [10, 10], "train_acc": [1.0, 1.0],
+                        "test_acc": [1.0, 0.5], "margin": [0.1, 0.1]})
+    assert regimes_over_time(dyn, res)["regime"].tolist() == ["benign", "harmful"]

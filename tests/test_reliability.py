@@ -146,8 +146,9 @@ def test_two_processes_match_one(tmp_path, reference):
 
 def test_processes_of_different_sweeps_stop_at_once_naming_the_difference(tmp_path, reference):
     """Process 1 started with another --seeds used to wait 10 minutes for a manifest of its own
-    sweep and blame the file system, and process 0 to wait a day for its runs: both now stop in
-    one line naming the setting, whichever of them sees it first."""
+    sweep and blame the file system, and process 0 to wait a day for its runs: process 1 sees
+    process 0's sweep in its lock and stops, leaving why for process 0, which stops with the same
+    line naming the setting."""
     f, _ = reference
     out = tmp_path / "out"
     port = free_port()

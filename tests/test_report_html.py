@@ -55,7 +55,9 @@ def test_report_data_are_the_tables_numbers(grid):
         placed = sum(x["between"] == f"{a} / {b}" for x in D["boundaries"])
         assert placed == (st.isin(("ok", "unresolved", "separated"))
                           & np.isfinite(t["boundary"])).sum()
-        for status, k in st[st.isin(("unbounded", "outside_range", "too_few"))].value_counts().items():
+        both = (t["n_a"] > 0) & (t["n_b"] > 0)
+        for status, k in st[both & st.isin(("unbounded", "outside_range", "too_few"))
+                            ].value_counts().items():
             head = f"{a} / {b.replace('_', ' ')}: "
             assert any(line.startswith(head) and f"{k} slice" in line and status in line
                        for line in D["boundaries_left"])
@@ -165,6 +167,15 @@ def test_a_noise_free_cell_shows_no_share_of_the_overfitting_regimes(tmp_path, p
     assert not any(f"{r}: " in text for r in ("benign", "harmful", "not overfitting"))
     assert "benign: " in hover(1, 1) or "not overfitting: " in hover(1, 1)
     assert page.errors == []
+
+
+def test_a_noise_free_row_is_not_counted_as_a_boundary_left_unplaced(tmp_path):
+    """The noise ratio 0 row holds no benign or harmful run: it has no boundary to place, so it
+    is not listed under the table as "too few runs"."""
+    run_sweep(pb.spec_from_dict(BASE, {"signal_norm": [1.0, 3.0, 9.0, 27.0],
+                                       "noise_ratio": [0.0, 0.25]}, seeds=2, name="z"),
+              tmp_path / "z", quiet=True, plots=False)
+    assert not any("too_few" in line for line in report_data(tmp_path / "z")["boundaries_left"])
 
 
 def test_a_cases_report_in_a_real_browser(tmp_path, page_of):

@@ -135,11 +135,12 @@ TWO = '[settings]\nsteps = 10\n[axes]\nsignal_norm = [3.0, 6.0]\nd = [64, 96]\n'
         (GOOD + '[plot]\nheatmaps = [{ x = "sig", y = "d" }]\n', [], ["x = 'sig'"]),
         (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_acc", '
          'stat = "median" }]\n', [], ["stat = 'median'", "mean, se, min, max"]),
-        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", vmin = "low" }]\n', [],
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_acc", vmin = "low" }]\n', [],
          ["vmin = 'low' is not a finite number"]),
-        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", cmap = ["x"] }]\n', [],
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_acc", cmap = ["x"] }]\n', [],
          ["cmap = ['x'] is not a matplotlib colormap"]),
-        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", cmap = "viridi" }]\n', [],
+        (GOOD + '[plot]\nheatmaps = [{ x = "signal_norm", y = "d", value = "test_acc", '
+         'cmap = "viridi" }]\n', [],
          ["cmap = 'viridi' is not a matplotlib colormap", "viridis"]),
         (GOOD + '[refine]\nrounds = "three"\n', [], ["rounds = 'three' is not a whole number"]),
         (GOOD + '[plot]\nlines = [{ x = "signal_norm", where = { signal_norm = 4.0 } }]\n', [],
@@ -235,7 +236,8 @@ def test_config_error_for_unknown_setting_in_python():
 @pytest.mark.parametrize("kw, match", [
     ({"formats": ("jpgx",)}, "formats = \\('jpgx',\\): a tuple of png"),
     ({"formats": "png"}, "formats = 'png'"),
-    ({"dpi": -5}, "dpi = -5"),
+    ({"dpi": -5}, "dpi = -5 is not a resolution"),
+    ({"dpi": 10**6}, "dpi = 1000000"),
     ({"memory_budget": "8G"}, "memory_budget = '8G': expected a whole number"),
     ({"chunk_size": -3}, "chunk_size = -3"),
     ({"n_devices": 1.5}, "n_devices = 1.5"),

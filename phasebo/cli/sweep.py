@@ -18,11 +18,11 @@ from pathlib import Path
 
 from .. import config as C
 from ..config import SweepSpec
-from ..execute import Abandoned, SigintLatch, enable_compilation_cache, traced_columns
+from ..execute import Abandoned, SigintLatch, traced_columns
 from ..notes import sweep_notes
 from ..plan import Plan, describe, plan
 from ..registry import all_settings
-from ..settings import ConfigError, suggest
+from ..settings import ConfigError, enable_compilation_cache, suggest
 from ..store import check_out_dir, count_done, holder, holds_runs, is_subset, read_manifest
 from ..sweep import run_sweep
 from .args import Parser, at_least, figure_formats
