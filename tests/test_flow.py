@@ -132,6 +132,9 @@ def test_a_flow_sweep_writes_gd_equivalent_steps_and_flow_time(tmp_path):
         st = g["step"].to_numpy()
         assert st[0] == 0 and st[-1] == 5000 and np.all(np.diff(st) > 0)
         assert np.all(np.abs(g["time"].to_numpy() / 0.01 - st) <= 0.5 + 1e-6)
+    # the recorded times are the host's (tidy: 0.5, not 0.5000000xx from a float32 copy)
+    host = set(flow.record_times(50.0, 15))
+    assert set(dyn["time"].unique()) <= host and 0.5 in set(dyn["time"])
     last = dyn[dyn["step"] == 5000].set_index("run_id")["regime"].astype(str)
     assert (last == df.set_index("run_id")["regime"].astype(str).reindex(last.index)).all()
 

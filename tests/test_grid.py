@@ -90,6 +90,18 @@ def test_common_noise_shares_the_draws_along_the_signal_axis_only(tmp_path):
     assert (C.key_ids(model, own, {}, np.arange(3)) == before).all()
 
 
+def test_common_noise_along_an_axis_of_one_value_runs_the_same_runs(tmp_path):
+    """One value of the shared axis (a slice of the paper's map, --set signal_norm=[20]): the
+    sweep raised a traceback (a noise group of one run lost its member axis); it now runs each
+    run alone with its group's key, so the run is the one a wider sweep holds."""
+    one = _cn_runs(tmp_path / "one", "signal_norm", 3, norms=(3.0,))
+    two = _cn_runs(tmp_path / "two", "signal_norm", 3, norms=(3.0, 3.001))
+    two = two[two["signal_norm"] == 3.0].sort_values("seed")
+    one = one.sort_values("seed")
+    assert one["run_id"].tolist() == two["run_id"].tolist()
+    np.testing.assert_allclose(one["train_loss"], two["train_loss"], rtol=1e-5)
+
+
 def test_common_noise_leaves_each_cells_distribution_unchanged(tmp_path):
     """Kolmogorov–Smirnov over 400 seeds: a cell's final metrics under shared noise against
     independent runs (other keys, so two independent samples of each cell's law)."""
