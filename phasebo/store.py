@@ -156,9 +156,8 @@ def _held(path: Path) -> str | None:
 
 def peer_mismatch(out_dir: Path, spec: dict, process_index: int) -> str | None:
     """Why another live process of this cluster runs a different sweep into ``out_dir`` (its lock
-    file's ``spec``, :func:`hold_dir`): a one-line message naming the first setting that differs,
-    or ``None``. Process 0 looks at every other process's lock, the others at process 0's: a
-    process started with other flags would otherwise wait for runs it never makes."""
+    file's ``spec``, :func:`hold_dir`), naming the first setting that differs; ``None`` if none
+    does. Process 0 looks at every other process's lock, the others at process 0's."""
     out_dir = Path(out_dir)
     spec = json.loads(json.dumps(spec, default=repr))  # as the lock file holds it
     if process_index == 0:
@@ -182,13 +181,10 @@ def peer_mismatch(out_dir: Path, spec: dict, process_index: int) -> str | None:
 
 
 def refuse_peer(out_dir: Path, why: str):
-    """Refuse to run beside a process of another sweep (:func:`peer_mismatch`), leaving the reason
-    in the directory (``.phasebo-mismatch``) for process 0, which would otherwise wait for the
-    runs of a process that has gone."""
-    try:
+    """Refuse to run beside a process of another sweep, leaving why in ``.phasebo-mismatch`` for
+    the others (process 0 would wait for the runs of a process that has gone)."""
+    with contextlib.suppress(OSError):
         (Path(out_dir) / MISMATCH).write_text(why + "\n")
-    except OSError:
-        pass
     raise ConfigError(why)
 
 
@@ -392,13 +388,16 @@ def prepare_out_dir(out_dir: Path, spec: SweepSpec, overwrite: bool, process_ind
     check_out_dir(out_dir)
     new = spec.to_dict()
     if process_index > 0:
-        deadline = time.monotonic() + wait_timeout
+        deadline, started = time.monotonic() + wait_timeout, time.time()
         while time.monotonic() < deadline:
-            why = peer_mismatch(out_dir, new, process_index)  # before a manifest of the same
-            if why:  # sweep run earlier is taken for this one's
-                refuse_peer(out_dir, why)
+            # before a manifest of the same sweep run earlier is taken for this one's
+            check_peers(out_dir, new, process_index, started)
             m = read_manifest(out_dir)  # a subset sweep's spec is the manifest's tables_spec
-            if new in (m.get("spec"), m.get("tables_spec")) and (out_dir / "parts").is_dir():
+            # process 0 seen running this sweep (its lock names it), or, where locks are not
+            # seen across hosts, after a grace of 30 s
+            seen = '"spec"' in (_held(out_dir / LOCK) or "") or time.time() > started + 30
+            if new in (m.get("spec"), m.get("tables_spec")) and (out_dir / "parts").is_dir() \
+                    and seen:
                 return out_dir
             time.sleep(0.2)
         raise ConfigError(f"process {process_index}: process 0 did not prepare {out_dir} "
@@ -566,15 +565,18 @@ def provenance() -> dict:
             "process_count": jax.process_count()}
 
 
-def check_peers(out_dir: Path, spec: dict) -> None:
-    """Process 0: refuse to go on beside a live process of another sweep (:func:`peer_mismatch`)
-    or after one refused to run beside it (its ``.phasebo-mismatch``, removed by process 0's
-    :func:`hold_dir` when it starts, so any there now is this run's)."""
-    why = peer_mismatch(out_dir, spec, 0)
+def check_peers(out_dir: Path, spec: dict, process_index: int = 0, since: float | None = None):
+    """Refuse to go on beside a live process of another sweep (:func:`peer_mismatch`) or after
+    one refused to run beside this one: its ``.phasebo-mismatch``, which process 0 removes when it
+    starts (:func:`hold_dir`), so process 0 takes any there as this run's, another process one
+    written since it started (``since``)."""
+    why = peer_mismatch(out_dir, spec, process_index)
     if why:
         refuse_peer(out_dir, why)
+    marker = Path(out_dir) / MISMATCH
     try:
-        raise ConfigError((Path(out_dir) / MISMATCH).read_text().strip())
+        if since is None or marker.stat().st_mtime >= since:
+            raise ConfigError(marker.read_text().strip())
     except FileNotFoundError:
         pass
 
