@@ -188,6 +188,7 @@ def rows(spec, g, cols: list, out) -> tuple:
                                 / res["lr"].to_numpy(float)).astype(np.int64)
     elif kind == "limit":  # no time axis: no step; its time is infinite (phasebo.limit)
         res["steps"] = np.zeros(len(res), np.int64)
+        res["lr"] = np.nan  # no step size either (refused as a setting): no value
     for k, st in model.settings.items():  # a run has no other dynamics' settings: empty
         if st.requires in (("dynamics", "flow"), ("dynamics", "limit")) \
                 and st.requires[1] != kind:

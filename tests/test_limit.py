@@ -94,6 +94,7 @@ def test_a_limit_sweep_has_no_time_axis(tmp_path, x64):
     assert (df["steps"] == 0).all() and np.isinf(df["time"]).all()
     assert (df["solver_steps"] > 0).all() and (df["limit_grad_norm"] <= 1e-6).all()
     assert df["flow_time"].isna().all() and (df["limit_tol"] == 1e-6).all()
+    assert df["lr"].isna().all()  # no step size: the table shows none (it showed the default)
     assert set(df["regime"].astype(str)) <= {"benign", "harmful", "not_overfitting", "no_noise"}
     assert not (tmp_path / "l" / "dynamics.parquet").exists() or \
         len(pd.read_parquet(tmp_path / "l" / "dynamics.parquet")) == 0
