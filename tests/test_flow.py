@@ -151,6 +151,7 @@ def test_record_times_are_log_spaced_and_end_at_the_horizon():
 @pytest.mark.parametrize("settings, words", [
     (dict(dynamics="flow", project=True), "project = true .* has no gradient flow"),
     (dict(dynamics="flow", flow_time=1e6, lr=1e-6), "GD-equivalent steps of lr"),
+    (dict(dynamics="flow", flow_time=0.001, lr=0.005), "less than one GD-equivalent step"),
 ])
 def test_flow_settings_that_cannot_run_are_refused(settings, words):
     with pytest.raises(ConfigError, match=words):

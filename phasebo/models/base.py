@@ -141,6 +141,10 @@ class Model(abc.ABC):
                 raise ConfigError("project = true (norm-constrained GD) has no gradient flow in "
                                   "phasebo; fix: dynamics = \"gd\", or project = false (weight "
                                   "decay has one: theta' = -grad L - lambda theta)")
+            if r["flow_time"] / r["lr"] < 1:  # its records would all share step 0
+                raise ConfigError(f"flow_time = {r['flow_time']:g} is less than one GD-equivalent "
+                                  f"step of lr = {r['lr']:g} (a flow's steps count flow_time / "
+                                  "lr); fix: a smaller lr (the flow's step unit only)")
             most = STEP_MAX_F32 if r.get("dtype", "float32") == "float32" else STEP_MAX - 255
             if r["flow_time"] / r["lr"] > most:
                 raise ConfigError(f"flow_time = {r['flow_time']:g} is {r['flow_time'] / r['lr']:.3g} "
