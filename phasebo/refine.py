@@ -304,10 +304,12 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
                         "boundaries": int(len(widths))})
             if not quiet:
                 width = (f"median boundary CI width {log[-1]['median_rel_width']:.3f} of the "
-                         f"boundary over {len(widths)} slices" if len(widths) else
+                         f"boundary over {len(widths)} slices with a bounded interval"
+                         if len(widths) else
                          f"no slice has a {r.between[0]}-{r.between[1]} boundary with an interval yet")
                 print(f"refine round {rnd}: {len(df)} runs ({len(runs)} in all); {width}; "
-                      f"{log[-1]['slices_open']} slices above the target {r.target}", file=sys.stderr)
+                      f"{log[-1]['slices_open']} slices to refine (above the target "
+                      f"{r.target}, or not yet bounded)", file=sys.stderr)
             if not cases or rnd == r.rounds:
                 break
             cur = _round_spec(spec, r, cases, rnd + 1)
