@@ -514,7 +514,6 @@ def traced_columns(pl) -> set[str]:
     return cols
 
 
-
 def need_x64(dtypes) -> None:
     """Refuse ``dtype = "float64"`` while 64-bit JAX is off: JAX would compute in float32 and
     the results would say float64."""

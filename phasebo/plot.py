@@ -235,7 +235,7 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     recorded step (log axis), with its interval; ``b`` is :func:`phasebo.boundaries` on a
     dynamics table (a ``step`` column). ``slices``: the ``y`` values to draw (default: up to six,
     spread over those with a boundary)."""
-    from .scaling import resolved
+    from .scaling import estimator_text, resolved
 
     fig, ax = _new(ax, figsize=(6.8, 4.6))
     ok = resolved(b)  # the slices the text calls found: placed, with a bounded interval
@@ -262,21 +262,13 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     ax.set_xlabel("recorded step")
     ax.set_ylabel(f"boundary {_label(x)}")
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
-    how = _estimator(b)
+    how = estimator_text(b)
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
                  f"{', ' + how if how else ''}\n(95% intervals over {n_seeds} seeds; slices with a "
                  "bounded interval)", fontsize=10)
     if len(vals):
         ax.legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, ax
-
-
-def _estimator(b: pd.DataFrame) -> str | None:
-    """How the boundaries ``b`` treat runs still fitting, in words (``None``: not recorded)."""
-    if "fitting" not in b.columns or not len(b):
-        return None
-    return {"not_overfitting": "runs still fitting as not overfitting",
-            "apart": "runs still fitting left apart"}.get(str(b["fitting"].iloc[0]))
 
 
 def fixed_scale(value: str, lo: float) -> tuple[float, float] | None:
@@ -554,13 +546,13 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
 def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: str | None = None):
     """The regime map of ``runs`` (refined grids drawn row by row) with the boundaries ``b``,
     their power-law fit and the theory's exponent on top."""
-    from .scaling import along, power_law_row
+    from .scaling import along, estimator_text, power_law_row
 
     along(b, x)
     if "step" in runs.columns and "step" in b.columns and b["step"].nunique() == 1:
         runs = runs[runs["step"] == b["step"].iloc[0]]  # the map at the boundaries' step
     fig, ax = regime_map(runs, x, y, title=title)
-    how = _estimator(b)
+    how = estimator_text(b)
     if title is None and how:  # the estimator, on the figure
         head, *rest = ax.get_title().split("\n", 1)
         ax.set_title("\n".join([f"{head}, {how}", *rest]), fontsize=10)

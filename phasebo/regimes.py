@@ -227,10 +227,15 @@ def _clean_reference_of(dyn: pd.DataFrame, res: pd.DataFrame):
         raise ValueError("regimes_over_time: runs with test_reference = 'clean' are judged against "
                          "the noise-free runs of their cell, and this results table does not record "
                          "which columns are settings; fix: a table from pb.load, or reference=...")
+    return clean_reference(res, cell_keys(settings, res.columns), dyn)[2]
+
+
+def cell_keys(settings, columns) -> list[str]:
+    """The setting columns that make two runs one cell (but for their seed): ``settings`` that are
+    in ``columns``, less :data:`phasebo.settings.NOT_CELL`."""
     from .settings import NOT_CELL
 
-    by = [c for c in settings if c not in NOT_CELL and c in res.columns]
-    return clean_reference(res, by, dyn)[2]
+    return [c for c in settings if c not in NOT_CELL and c in columns]
 
 
 def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame, reference=None) -> pd.DataFrame:

@@ -109,17 +109,16 @@ def resolve_engine(model: Model, static) -> Engine:
     """The engine that runs ``static`` (``engine = "auto"``: the supporting one of highest
     priority); a :class:`ConfigError` naming the reason when the asked engine cannot."""
     table = {e: ENGINES[e] for e in model.engines}
+    ok = [e for e, eng in table.items() if eng.supports(model, static) is None]
+    best = max(ok, key=lambda e: table[e].priority)  # what auto runs
     if static.engine == "auto":
-        ok = [e for e in table.values() if e.supports(model, static) is None]
-        return max(ok, key=lambda e: e.priority)
+        return table[best]
     if static.engine not in table:
         raise ConfigError(
             f"engine = {static.engine!r} does not run model = {model.name!r}; fix: engine = "
             f"{' or '.join(repr(e) for e in ['auto', *table])}")
     why = table[static.engine].supports(model, static)
     if why:
-        ok = [e for e, eng in table.items() if eng.supports(model, static) is None]
-        best = max(ok, key=lambda e: table[e].priority)
         raise ConfigError(f"engine = {static.engine!r} cannot run this {model.name} run: {why}; "
                           f"fix: engine = \"auto\" (it picks \"{best}\" here)"
                           + "".join(f" or \"{e}\"" for e in ok))

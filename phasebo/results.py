@@ -38,13 +38,14 @@ import pyarrow.parquet as pq
 from .regimes import (  # noqa: F401 (REGIMES, classify_regime: re-exported)
     REGIME_ORDER,
     REGIMES,
+    cell_keys,
     classify_regime,
     classify_runs,
     clean_reference,
     regimes_over_time,
     timeline,
 )
-from .settings import NOT_CELL, ConfigError
+from .settings import ConfigError
 
 RUN_STATUSES = ("ok", "diverged", "unsolved")  # a run's status (phasebo.train.Status)
 # The column groups (see the module docstring); the settings come from the model of the rows.
@@ -253,7 +254,7 @@ def judge(res: pd.DataFrame, dyn: pd.DataFrame | None, settings) -> tuple:
 
     A sweep's chunks are judged as they are written; the assembled table is judged again as a
     whole, since a clean reference reads runs of other chunks."""
-    by = [c for c in settings if c not in NOT_CELL and c in res.columns]
+    by = cell_keys(settings, res.columns)
     timed = dyn is not None and "margin" in dyn.columns
     ref, runs, ref_dyn = clean_reference(res, by, dyn if timed else None)
     gone = (*TIMELINE, "reference_acc", "reference_runs") if timed else \

@@ -215,12 +215,19 @@ def seeds_text(b: pd.DataFrame) -> str:
     return f"{v.min()}–{v.max()} seeds per slice"
 
 
+def estimator_text(b: pd.DataFrame) -> str | None:
+    """How the boundaries ``b`` treat runs still fitting, in words (``None``: not recorded)."""
+    if "fitting" not in b.columns or not len(b):
+        return None
+    return ("runs still fitting counted as not overfitting"
+            if b["fitting"].iloc[0] == "not_overfitting" else "runs still fitting left apart")
+
+
 def summary(b: pd.DataFrame, x: str, y: str) -> str:
     """A short text: the boundaries found, the power-law fit and the theory's exponent (at each
     recorded step, for a boundary trajectory)."""
-    rule = "" if "fitting" not in b.columns or not len(b) else \
-        " (runs still fitting counted as not overfitting)" \
-        if b["fitting"].iloc[0] == "not_overfitting" else " (runs still fitting left apart)"
+    how = estimator_text(b)
+    rule = f" ({how})" if how else ""
     if STEP in b.columns:
         k = b[STEP].nunique()
         lines = [f"boundary {b['between'].iloc[0]} along {x} per {y}{rule}, {seeds_text(b)}, "
