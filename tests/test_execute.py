@@ -225,7 +225,7 @@ def test_ctrl_c_keeps_every_computed_block_and_the_rerun_is_identical(tmp_path, 
     into runs when it is saved)."""
     f = tmp_path / "ci.toml"
     f.write_text('name = "ci"\nseeds = 250\n[settings]\nmodel = "prompt_attention"\n'
-                 f'steps = 200\nn_test = 100\nrecord_log = 5\ncommon_noise = "{common_noise}"\n'
+                 f'steps = 200\nn_test = 2000\nrecord_every = 4\ncommon_noise = "{common_noise}"\n'
                  '[axes]\nd = [250, 4000]\nsignal_norm = [5, 40]\n')
     out = tmp_path / "out"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
