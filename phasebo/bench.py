@@ -573,6 +573,7 @@ DEFAULT_SECTIONS = ("loop", "engines", "wp", "blocks", "dynamics", "traces", "re
 
 
 if __name__ == "__main__":  # python -m phasebo.bench: the command line's module runs it
+    from .cli import guarded
     from .cli.bench import main
 
-    sys.exit(main())
+    sys.exit(guarded(main))

@@ -68,6 +68,9 @@ MIN_SEEDS = 5
 SLICE_STATUSES = ("ok", "unresolved", "separated", "unbounded", "outside_range", "all_A", "all_B",
                   "too_few")
 Z95 = NormalDist().inv_cdf(0.975)
+# bootstrap replicates below which a 95 % percentile interval is not an interval: with 5, its
+# ends are the extreme replicates and can miss the estimate itself
+MIN_BOOT = 100
 PURE_RUNS = 3  # runs on each side of a gap before its pure sides make the slice unresolved
 RIDGE = 1e-3  # on the slope of the standardised log x: finite fits of separated slices
 
@@ -292,6 +295,7 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     """
     if fitting not in FITTING_RULES:
         raise ValueError(f"fitting = {fitting!r}: one of {', '.join(FITTING_RULES)}")
+    _check_boot(n_boot)
     if isinstance(between, str):  # the command line's form "A,B"
         between = tuple(s.strip() for s in between.split(","))
     if len(between) != 2 or between[0] == between[1]:
@@ -399,7 +403,14 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     out["x"] = x
     out["between"] = f"{between[0]}/{between[1]}"
     out["fitting"] = fitting
+    out["n_boot"] = n_boot
     return out
+
+
+def _check_boot(n_boot) -> None:
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int | np.integer) or n_boot < MIN_BOOT:
+        raise ValueError(f"n_boot = {n_boot!r}: a bootstrap interval needs at least {MIN_BOOT} "
+                         f"replicates; fix: n_boot >= {MIN_BOOT} (--boot {MIN_BOOT}; default 400)")
 
 
 def _first_crossing(u: np.ndarray, m: np.ndarray, level: float) -> tuple[float, int]:
@@ -433,6 +444,7 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
     for col in (x, y, value, *by):
         if col not in df.columns:
             raise ValueError(f"column {col!r} is not in the table")
+    _check_boot(n_boot)
     if "status" in df.columns:
         df = df[df["status"].astype(str) == "ok"]
     if STEP in df.columns:
@@ -469,4 +481,5 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
         return out
     out["x"] = x
     out["between"] = f"{value}={level:g}"
+    out["n_boot"] = n_boot
     return out

@@ -330,7 +330,7 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
             fixed.pop(k, None)
         cases.append(case)
     # the file's own values, before --set narrows them: a [plot] where must name one of these
-    # (a value --set left out is said when the figure is drawn, not refused)
+    # (one --set leaves out is a note before the runs, phasebo.notes.plot_where_notes, not refused)
     as_filed = SweepSpec(name=name, fixed=dict(fixed), axes=dict(axes), seeds=1,
                          cases=tuple(dict(c) for c in cases))
     for k, v in overrides.items():
@@ -363,22 +363,25 @@ def _same(a, b) -> bool:
 
 
 def check_plot_where(spec: SweepSpec, plot: Mapping, where: str = "") -> None:
-    """Each ``where`` of a ``[plot]`` entry names a setting and a value the sweep file has (its
-    model's default when the file leaves the setting alone): a misspelt value would select no
-    run, and its figure could only be skipped after every run had finished."""
-    settings = all_settings()
-    cells = None
+    """Each ``[plot]`` ``where`` names a value the file has (or its default): a misspelt one
+    would select no run, and its figure could only be skipped after every run had finished."""
+    for w, k, one, have in plot_where_misses(spec, plot, where):
+        raise ConfigError(f"{w}{k} = {one!r} is not a value of this sweep (it has "
+                          f"{', '.join(map(repr, have[:12]))}); fix: one of those")
+
+
+def plot_where_misses(spec: SweepSpec, plot: Mapping, where: str = ""):
+    """``(entry, key, value, values)`` for each ``[plot]`` ``where`` value no cell of ``spec`` has."""
+    settings, cells = all_settings(), None
     for kind in ("heatmaps", "lines"):
         entries = plot.get(kind, [])
         for i, h in enumerate(entries if isinstance(entries, list) else []):
             sel = h.get("where") if isinstance(h, Mapping) else None
-            if sel is None:
-                continue
             w = f"{where}[plot] {kind} #{i + 1}: where "
-            if not isinstance(sel, Mapping):
+            if sel is not None and not isinstance(sel, Mapping):
                 raise ConfigError(f"{w}= {sel!r} must be a table; fix: e.g. where = "
                                   "{ noise_ratio = 0.2 }")
-            for k, v in sel.items():
+            for k, v in (sel or {}).items():
                 if k not in settings:  # seed or a derived column (snr, ...): the table's
                     continue
                 if cells is None:  # every cell as resolved: its own value or its default
@@ -388,9 +391,7 @@ def check_plot_where(spec: SweepSpec, plot: Mapping, where: str = "") -> None:
                           if k in c.settings}.values())
                 for one in (v if isinstance(v, list) else [v]):
                     if not any(_same(one, x) for x in have):
-                        raise ConfigError(
-                            f"{w}{k} = {one!r} is not a value of this sweep (it has "
-                            f"{', '.join(map(repr, have[:12]))}); fix: one of those")
+                        yield w, k, one, have
 
 
 def validate(spec: SweepSpec, where: str = "") -> None:
@@ -403,34 +404,6 @@ def validate(spec: SweepSpec, where: str = "") -> None:
             if key not in seen:
                 seen.add(key)
                 check_cell(cell.settings, cell.given, w)
-
-
-def parse_set(items: Iterable[str]) -> dict[str, Any]:
-    """``--set key=value`` strings -> dict; a value in TOML syntax may be a list or a range."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set d=1000")
-        key, text = (x.strip() for x in item.split("=", 1))
-        if not key:
-            raise ConfigError(f"--set {item!r}: the key is empty; expected key=value")
-        _setting(key, "--set ")
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError as e:
-            if text and text[0] in "[{":  # meant as a list or a range: say what does not parse
-                words = [w.strip().strip("'\"") for w in text.strip("[]{} ").split(",")]
-                fix = (f"'{key}=[" + ", ".join(f'"{w}"' for w in words if w) + "]' (words in "
-                       "quotes)" if all_settings()[key].type in (str, tuple) else
-                       f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'")
-                raise ConfigError(f"--set {key}: {text!r} is not a valid TOML list or range "
-                                  f"({str(e).split(' (at')[0]}); fix: e.g. --set {fix}") from None
-            value = text  # a bare word such as --set model=prompt_attention
-        if key in out and out[key] != value:  # which one was meant is not ours to guess
-            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value!r}); fix: "
-                              f"give it once (a list sweeps both: --set '{key}=[...]')")
-        out[key] = value
-    return out
 
 
 def read_sweep_file(path: str | Path, _seen: tuple = ()) -> dict:

@@ -57,9 +57,8 @@ def _jax():
 
 def _one_run(a, model, engine, program):
     """One run from its chunk row: the key from the run-id words, the rest its swept values."""
-    k = C.run_key(a["root_seed"], a["_hi"], a["_lo"])
     sw = {n: v for n, v in a.items() if n not in ("root_seed", "_hi", "_lo")}
-    return engine.run(model, program, sw, k)
+    return engine.run(model, program, sw, C.run_key(a["root_seed"], a["_hi"], a["_lo"]))
 
 
 def _one_group(a, model, engine, program, axis: str):
@@ -74,9 +73,8 @@ def _one_group(a, model, engine, program, axis: str):
 
 
 def _block(arrays, model, engine, program, block: int, n_dev: int, axis: str | None = None):
-    """``arrays (block * n_dev, ...) -> RunOutput`` with one row per run: one vmapped block of
-    ``block`` runs (or, with ``axis``, noise groups: rows group-major) on each of ``n_dev``
-    devices."""
+    """``arrays (block * n_dev, ...) -> RunOutput``, a row per run: a vmapped block of ``block``
+    runs (noise groups with ``axis``: rows group-major) on each of ``n_dev`` devices."""
     jax = _jax()
     sink = _TRACE_SINK.get()
     if sink is not None:  # runs at trace time only
@@ -131,6 +129,7 @@ def count_compiles(this_thread: bool = False):
 class Stats:
     n_new: int = 0
     compile_s: float = 0.0  # waited for compiling
+    setup_s: float = 0.0  # the models' one-off work before tracing (Model.setup: pretraining)
     compile_beside_s: float = 0.0  # compiled beside the runs (not waited for)
     run_s: float = 0.0
     chunks: int = 0
@@ -260,12 +259,15 @@ class Executor:
             width = [g.width]  # the chunk loop resizes it as it measures
             stream = chunks(group_pieces(spec, g, done, share), lambda w=width: w[0])
             first = next(stream)
+            t_setup = time.perf_counter()
+            g.model.setup(g.program)  # timed apart from compiling
+            stats.setup_s += time.perf_counter() - t_setup
             prepared = chunk_arrays(spec, g, first, g.block * pl.n_dev)
             lowered = self.lower(g, prepared[0], pl.n_dev)
             columns |= output_columns(g.model, lowered.out_info)
             active.append((g, n_todo, lowered, width,
                            itertools.chain([(first, *prepared)], stream)))
-        stats.compile_s += time.perf_counter() - t
+        stats.compile_s += time.perf_counter() - t - stats.setup_s
         if check_columns is not None and active:
             check_columns(columns)
         try:
@@ -480,14 +482,14 @@ def _interruptible():
         first = not state.stop
         state.stop = True
         if state.compiling:
-            print("\nstopping once the program being compiled is ready (Ctrl-C again to stop at "
-                  "once)", file=sys.stderr, flush=True)
+            print("\nstopping once the program being compiled is ready (Ctrl-C or SIGTERM "
+                  "again: at once)", file=sys.stderr, flush=True)
             return
         if not state.saving:
             raise KeyboardInterrupt
         if first and state.computing:
-            print("\nstopping: the blocks in flight finish and are saved (Ctrl-C again to stop "
-                  "at once; their runs are redone on resume)", file=sys.stderr, flush=True)
+            print("\nstopping: the blocks in flight finish and are saved (Ctrl-C or SIGTERM "
+                  "again: at once; their runs are redone on resume)", file=sys.stderr, flush=True)
 
     old = signal.signal(signal.SIGINT, handler)
     state.stop = isinstance(old, SigintLatch) and old.hit  # a Ctrl-C before, maybe swallowed

@@ -7,14 +7,15 @@ from __future__ import annotations
 import itertools
 import math
 
-from .config import SweepSpec, resolve
+from .config import SweepSpec, plot_where_misses, resolve
 
 
 def label_noise_notes(spec: SweepSpec) -> list[str]:
     """One line per (n, noise ratio, flip rule) of the sweep whose flip count changes the requested
     ratio: ``fraction`` flips ``floor(ceil(n r) / 2)`` labels of each class, ``fixed_count``
-    ``ceil(n r)``; Bernoulli flips keep the ratio in expectation and get no note."""
-    notes: dict[tuple, str] = {}
+    ``ceil(n r)``; Bernoulli flips keep the ratio in expectation and get no note. More than
+    :data:`NOTES_EACH` such ratios at one (rule, n) share one line."""
+    found: dict[tuple, dict] = {}  # (mode, n) -> {r: (flips, how)}
     names = ("model", "n", "noise_ratio", "label_noise")
     for case in spec.cases:
         base = {**spec.fixed, **case}
@@ -26,15 +27,38 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
                 continue
             k = int(math.ceil(round(n * r, 9)))
             flips = 2 * (k // 2) if mode == "fraction" else k
-            if abs(flips - n * r) < 1e-9 or (mode, n, r) in notes:
+            if abs(flips - n * r) < 1e-9:
                 continue
             how = (f"floor(ceil({n} * {r:g}) / 2) = {k // 2} per class" if mode == "fraction"
                    else f"ceil({n} * {r:g}) = {k}")
-            tail = ("no label is flipped, so these runs have nothing to overfit (regime "
-                    "no_noise)" if flips == 0 else f"an effective ratio of {flips / n:g}")
-            notes[(mode, n, r)] = (f"note: noise_ratio = {r:g} at n = {n} flips {flips} labels "
-                                   f"({mode}: {how}): {tail}")
-    return list(notes.values())
+            found.setdefault((mode, n), {})[r] = (flips, how)
+    notes = []
+    for (mode, n), ratios in found.items():
+        if len(ratios) <= NOTES_EACH:
+            for r, (flips, how) in ratios.items():
+                tail = ("no label is flipped, so these runs have nothing to overfit (regime "
+                        "no_noise)" if flips == 0 else f"an effective ratio of {flips / n:g}")
+                notes.append(f"note: noise_ratio = {r:g} at n = {n} flips {flips} labels "
+                             f"({mode}: {how}): {tail}")
+            continue
+        by_count: dict[int, list] = {}
+        for r, (flips, _) in sorted(ratios.items()):
+            by_count.setdefault(flips, []).append(r)
+        rule = "2 floor(ceil(n r) / 2)" if mode == "fraction" else "ceil(n r)"
+        r0, (f0, _) = next(iter(sorted(ratios.items())))
+        k_most = max(by_count, key=lambda k: len(by_count[k]))
+        most, none = by_count[k_most], len(by_count.get(0, []))
+        same = (f"; values that round to the same number draw runs of the same distribution "
+                f"({most[0]:g} to {most[-1]:g} all flip {k_most})" if len(most) > 1 else "")
+        notes.append(
+            f"note: {len(ratios)} noise_ratio values at n = {n} flip a rounded number of labels "
+            f"({mode}: {rule}), so their effective ratio is that number / {n} (e.g. {r0:g} flips "
+            f"{f0}){same}" + (f"; {none} flip none: nothing to overfit (regime no_noise)"
+                              if none else ""))
+    return notes
+
+
+NOTES_EACH = 3  # flip-count notes at one (rule, n) said one by one; more share one line
 
 
 def baseline_notes(spec: SweepSpec) -> list[str]:
@@ -89,7 +113,16 @@ def rule_notes(spec: SweepSpec) -> list[str]:
 def sweep_notes(spec: SweepSpec) -> list[str]:
     """Every note a sweep prints before it runs (and its dry run prints)."""
     return (label_noise_notes(spec) + baseline_notes(spec) + record_notes(spec)
-            + rule_notes(spec) + precision_notes(spec))
+            + rule_notes(spec) + precision_notes(spec) + plot_where_notes(spec))
+
+
+def plot_where_notes(spec: SweepSpec) -> list[str]:
+    """A note for each ``[plot]`` figure whose ``where`` names a value ``--set`` left out of the
+    sweep (the file's own values are checked when it is read): that figure will be skipped."""
+    return [f"note: {w}{k} = {one!r} selects no run now that --set leaves {k} = "
+            f"{', '.join(map(repr, have[:12]))}: that figure will be skipped (fix: --set {k} "
+            "to include it, or --no-plots)"
+            for w, k, one, have in plot_where_misses(spec, spec.plot)]
 
 
 def precision_notes(spec: SweepSpec) -> list[str]:

@@ -587,6 +587,7 @@ def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: 
 
 
 if __name__ == "__main__":
+    from .cli import guarded
     from .cli.plot import main
 
-    sys.exit(main())
+    sys.exit(guarded(main))

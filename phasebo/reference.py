@@ -91,6 +91,7 @@ def make_reference(out_dir: Path = REFERENCE_DIR, runs_dir: Path = REFERENCE_RUN
 
 
 if __name__ == "__main__":  # python -m phasebo.reference: the command line's module runs it
+    from .cli import guarded
     from .cli.reference import main
 
-    sys.exit(main())
+    sys.exit(guarded(main))

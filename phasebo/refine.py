@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from . import config as C
-from .boundaries import boundaries
+from .boundaries import boundaries, bounded
 from .regimes import REGIME_ORDER
 from .scaling import summary
 from .settings import ConfigError, suggest
@@ -158,10 +158,10 @@ def plan_round(df: pd.DataFrame, r: Refinement, base_root_seed: int, rnd: int,
     for _, row in b.iterrows():
         if str(row["status"]) not in ("ok", "unresolved", "separated", "unbounded"):
             continue
-        # an unbounded interval is no width at all (too few seeds, or none of them spread):
-        # more seeds, whatever its lo and hi say
-        width = np.inf if str(row["status"]) == "unbounded" else \
-            (row["hi"] - row["lo"]) / row["boundary"]
+        # an unbounded interval is no width at all (too few seeds, or none of them spread; or
+        # open, reaching 0 on a log axis): more seeds or points, whatever its lo and hi say
+        width = np.inf if str(row["status"]) == "unbounded" or not bounded(
+            row["lo"], row["hi"], log) else (row["hi"] - row["lo"]) / row["boundary"]
         if not width > r.target:
             continue
         xs = np.unique(df.loc[df[r.y] == row[r.y], r.x].to_numpy(float))
@@ -293,7 +293,9 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
             runs = pd.concat(tables, ignore_index=True)
             cases, b = plan_round(runs, r, root + 1000, rnd + 1, integer_x,
                                   int(r.seeds or spec.seeds))
-            placed = b[b["status"].astype(str) != "unbounded"] if len(b) else b  # bounded ones
+            # the slices with a bounded interval (not unbounded, nor open at 0 on a log axis)
+            placed = b[(b["status"].astype(str) != "unbounded") & bounded(
+                b["lo"], b["hi"], bool((runs[r.x] > 0).all()))] if len(b) else b
             widths = ((placed["hi"] - placed["lo"]) / placed["boundary"]).to_numpy(float) \
                 if len(placed) else np.array([])
             widths = widths[np.isfinite(widths)]

@@ -190,6 +190,34 @@ def clean_reference(res: pd.DataFrame, by: list[str], dyn: pd.DataFrame | None =
     return ref, runs, ref_dyn
 
 
+MIN_REFERENCE = 3  # noise-free runs below which a clean reference is said to rest on little
+
+
+def reference_notes(df: pd.DataFrame) -> list[str]:
+    """What a results table's clean references rest on, when it is little: runs judged against
+    the mean of fewer than :data:`MIN_REFERENCE` noise-free runs, or noise-free runs that had not
+    fitted their own labels at the horizon (their test accuracy, and so the reference, is of an
+    unfinished run: a noisy run beside it reads benign more easily)."""
+    if "reference_runs" not in df.columns or "noise_ratio" not in df.columns:
+        return []
+    clean = df["test_reference"].astype(str).to_numpy() == "clean"
+    noisy = df["noise_ratio"].to_numpy(float) > 0
+    judged = df[clean & noisy]
+    out = []
+    few = judged["reference_runs"].between(1, MIN_REFERENCE - 1)
+    if few.any():
+        out.append(f"note: {int(few.sum())} of {len(judged)} runs judged against the clean "
+                   f"reference have it from fewer than {MIN_REFERENCE} noise-free runs "
+                   "(column reference_runs); fix: more seeds (--seeds)")
+    base = df[clean & ~noisy & (df["status"].astype(str).to_numpy() == "ok")]
+    unfit = base["train_acc"].to_numpy(float) < _col(base, "train_acc_fit", 1.0) - TOL
+    if unfit.any() and len(judged):
+        out.append(f"note: {int(unfit.sum())} of {len(base)} noise-free runs had not fitted "
+                   "their own training labels at the horizon (train_acc < train_acc_fit), so "
+                   "the clean reference they give is of unfinished runs; fix: more steps")
+    return out
+
+
 def _col(df: pd.DataFrame, name: str, default: float) -> np.ndarray:
     # a table joined from models that lack the setting: their runs take its default
     return df[name].to_numpy(float, na_value=default) if name in df.columns else \

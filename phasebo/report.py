@@ -174,9 +174,12 @@ def _retarget(df, h: Mapping, kind: str, i: int, quiet: bool = False) -> tuple[s
         new = {**h, "x": x, "y": y}
     elif axes:  # the value against the longest axis left; the regime shares need it alone
         shares = value == "regime" and len(axes) == 1 and not hue_of(h)
-        new, kind = {"x": (still or axes)[0],
-                     "value": value if value != "regime" or shares else "test_acc",
-                     "where": h.get("where"), **({"hue": h["hue"]} if "hue" in h else {})}, "line"
+        # an axis the entry colours by stays its hue where another is left for x; if not, it
+        # becomes x and leaves the hue (one column cannot be both)
+        x = next((a for a in (still or axes) if a not in hue_of(h)), (still or axes)[0])
+        hue = [c for c in hue_of(h) if c != x]
+        new, kind = {"x": x, "value": value if value != "regime" or shares else "test_acc",
+                     "where": h.get("where"), **({"hue": hue} if hue else {})}, "line"
     else:
         within = " within its where (" + ", ".join(f"{k} = {v}" for k, v in h["where"].items()) \
             + ")" if h.get("where") else ""
@@ -500,6 +503,6 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
 
 
 if __name__ == "__main__":  # python -m phasebo.report: the command of the same name
-    from .cli import main
+    from .cli import guarded, main
 
-    sys.exit(main(["report", *sys.argv[1:]]))
+    sys.exit(guarded(main, ["report", *sys.argv[1:]]))

@@ -228,10 +228,13 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
     recorded step, for a boundary trajectory)."""
     how = estimator_text(b)
     rule = f" ({how})" if how else ""
+    level = float(b["ci_level"].iloc[0]) if "ci_level" in b.columns and len(b) else 0.95
+    reps = f" ({int(b['n_boot'].iloc[0])} replicates)" if "n_boot" in b.columns and len(b) else ""
+    fit_how = f"logistic fit per slice, {level:.0%} bootstrap over seeds{reps}"
     if STEP in b.columns:
         k = b[STEP].nunique()
         lines = [f"boundary {b['between'].iloc[0]} along {x} per {y}{rule}, {seeds_text(b)}, "
-                 f"at {k} recorded step{'s' if k != 1 else ''}:"]
+                 f"{fit_how}, at {k} recorded step{'s' if k != 1 else ''}:"]
         for _, r in exponents_over_steps(b, y).iterrows():
             fit = (f"exponent {r['exponent']:.3f} (95% CI {r['lo']:.3f} .. {r['hi']:.3f}, "
                    f"chi2/dof {r['chi2_dof']:.2f})" if np.isfinite(r["exponent"])
@@ -246,19 +249,19 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
                          f"slices found; {fit}")
         return "\n".join(lines)
     counts = b["status"].astype(str).value_counts()
-    level = float(b["ci_level"].iloc[0]) if "ci_level" in b.columns and len(b) else 0.95
     lines = [f"boundary {b['between'].iloc[0]} along {x}{rule}{horizon_text(b)}, "
-             f"{seeds_text(b)}, logistic fit per slice, {level:.0%} bootstrap over seeds; "
-             f"{len(b)} slices of {y}: "
+             f"{seeds_text(b)}, {fit_how}; {len(b)} slices of {y}: "
              + ", ".join(f"{k} {v}" for k, v in counts.items() if v)]
     row = power_law_row(b, x, y)
     if row["status"] == "too_few_slices":
-        lines.append(f"no power-law fit: {row['n_points']} resolved slices with bounded "
+        lines.append(f"no power-law fit: {row['n_points']} slices placed with bounded "
                      f"intervals, fewer than {MIN_FIT_POINTS}")
         return "\n".join(lines)
     fit = {k: row[k] for k in ("exponent", "lo", "hi", "prefactor", "chi2_dof", "n_points")}
-    lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f} "
-                 f"(95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; {fit['n_points']} points, "
+    used = seeds_text(resolved(b, y))  # the seeds of the slices the fit goes through
+    lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f}"
+                 f"{horizon_text(b)} (95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; "
+                 f"{fit['n_points']} slices{', ' if used else ''}{used}, "
                  f"chi2/dof {fit['chi2_dof']:.2f})")
     if fit["chi2_dof"] > SCATTER:  # also when grid-limited: both are said
         lines.append(f"warning: the boundaries scatter about their fit {fit['chi2_dof']:.1f} "

@@ -102,8 +102,8 @@ def show_value(v) -> str:
 
 def _convert(t, value):
     if t == "ints":
-        if isinstance(value, str):
-            value = [v for v in value.replace("+", ",").split(",") if v.strip()]
+        if isinstance(value, str):  # --set track=3+7
+            value = [float(v) for v in value.replace("+", ",").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise TypeError
         return tuple(_convert(int, v) for v in value)
@@ -121,11 +121,9 @@ def _convert(t, value):
         if not isinstance(value, (bool, int, np.bool_)):
             raise TypeError
         return bool(value)
-    if t is int:
-        if isinstance(value, (bool, np.bool_)):
+    if t is int:  # a quoted number ("100") is refused: a typo in a file, not a number
+        if isinstance(value, (bool, np.bool_, str)):
             raise TypeError
-        if isinstance(value, str):
-            value = float(value)
         if isinstance(value, float) and not value.is_integer():
             # float drift of a computed grid (np.geomspace: 499.99999999999994) is that integer
             if not (np.isfinite(value) and abs(value - round(value)) <= 1e-9 * max(1.0, abs(value))):
@@ -133,7 +131,7 @@ def _convert(t, value):
             value = round(value)
         return int(value)
     if t is float:
-        if isinstance(value, (bool, np.bool_)) or isinstance(value, (list, tuple, dict)):
+        if isinstance(value, (bool, np.bool_, str)) or isinstance(value, (list, tuple, dict)):
             raise TypeError
         return float(value)
     if not isinstance(value, str):

@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover
 TABLES = ("results.parquet", "results.csv", "dynamics.parquet", "samples.parquet")
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".html")  # what a sweep draws into its directory
 HISTORY_KEYS = ("invocation", "subset", "started", "finished", "interrupted", "command",
-                "new_runs", "wall_s", "compile_s", "compile_beside_s", "run_s", "phasebo_version",
+                "new_runs", "wall_s", "compile_s", "setup_s", "compile_beside_s", "run_s", "phasebo_version",
                 "git_commit", "git_dirty", "cwd", "host", "platform", "device_count")
 # manifest keys that describe the directory, not an invocation's provenance (an interruption is
 # one invocation's: its history entry says it)
@@ -332,14 +332,14 @@ def is_boundary_file(f: Path) -> bool:
 
 
 def clear_boundaries(out_dir: Path) -> list[str]:
-    """Remove the tables and figures ``phasebo boundaries`` wrote into ``out_dir`` (made from
-    tables that a sweep has just replaced; :func:`is_boundary_file`); their names."""
-    gone = []
-    for f in sorted(Path(out_dir).iterdir()):
-        if is_boundary_file(f):
-            f.unlink()
-            gone.append(f.name)
-    return gone
+    """Remove what ``phasebo boundaries`` (:func:`is_boundary_file`) and ``phasebo plot`` (in
+    ``figures/``) made from tables a sweep has just replaced; their names."""
+    out_dir = Path(out_dir)
+    plots = sorted(f for f in (out_dir / "figures").glob("*") if f.suffix in FIGURE_SUFFIXES)
+    gone = [f for f in sorted(out_dir.iterdir()) if is_boundary_file(f)] + plots
+    for f in gone:
+        f.unlink()
+    return [f.relative_to(out_dir).as_posix() for f in gone]
 
 
 def tables_spec(manifest: dict) -> dict | None:
@@ -474,9 +474,9 @@ def tables_digest(run_ids) -> str:
 
 def said_cleared(name: str, gone: list[str]) -> str:
     """The note for boundary files removed with the tables they were made from."""
-    return (f"{name}: removed {len(gone)} boundary table(s) and figure(s) made from the tables "
-            f"these replace ({', '.join(gone[:2])}{', ...' if len(gone) > 2 else ''}); fix: run "
-            "phasebo boundaries again")
+    return (f"{name}: removed {len(gone)} table(s) and figure(s) of phasebo boundaries or phasebo "
+            f"plot made from the tables these replace ({', '.join(gone[:2])}"
+            f"{', ...' if len(gone) > 2 else ''}); fix: run those commands again")
 
 
 def record_tables(out_dir: Path, run_ids) -> bool | None:

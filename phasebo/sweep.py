@@ -57,6 +57,7 @@ from .store import (
     wait_for_runs,
     write_manifest,
 )
+from .summary import finished_lines
 
 
 def _removed(names: list[str]) -> str:
@@ -187,7 +188,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
         t_write = time.perf_counter() - t
         wall = time.time() - t_start
         prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=round(wall, 3),
-                    compile_s=round(stats.compile_s, 3),
+                    compile_s=round(stats.compile_s, 3), setup_s=round(stats.setup_s, 3),
                     compile_beside_s=round(stats.compile_beside_s, 3), run_s=round(stats.run_s, 3),
                     tables_figures_s=round(t_write, 3), new_runs=stats.n_new)
         write_manifest(out_dir, spec, prov)
@@ -210,21 +211,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                       f"results are saved; fix: phasebo report {out_dir}", file=sys.stderr)
             wall = time.time() - t_start
         if not quiet:
-            n_div = int((df["status"] == "diverged").sum())
-            counts = df["regime"].value_counts()
-            regimes = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
-            rate = stats.n_new / stats.run_s if stats.run_s > 0 else 0.0
-            rate_txt = (f"{rate:.0f} runs/s" if rate >= 10 else f"{rate:.2g} runs/s") if rate else "-"
-            beside = (f" (and {stats.compile_beside_s:.1f} s beside the runs)"
-                      if stats.compile_beside_s >= 0.05 else "")
-            print(f"{spec.name}: {stats.n_new} new runs ({len(df)} in the table); compile "
-                  f"{stats.compile_s:.1f} s{beside}, run {stats.run_s:.1f} s ({rate_txt}), tables and "
-                  f"figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} {pl.platform} "
-                  f"device(s); regimes: {regimes}"
-                  + (" (fitting: still fitting its flipped labels at the horizon)"
-                     if counts.get("fitting", 0) else "")
-                  + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
-                     if n_div else "") + f"; results in {out_dir}", file=sys.stderr)
+            for line in finished_lines(spec.name, df, stats, pl, out_dir, t_write, wall, report_txt):
+                print(line, file=sys.stderr)
         return df
 
 
@@ -240,6 +228,7 @@ def _stopped(out_dir: Path, spec, prov: dict, t_start: float, done) -> None:
 
 
 if __name__ == "__main__":  # python -m phasebo.sweep: the command line's module runs it
+    from .cli import guarded
     from .cli.sweep import main
 
-    sys.exit(main())
+    sys.exit(guarded(main))

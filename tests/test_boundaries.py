@@ -241,7 +241,7 @@ def test_a_flat_slice_is_outside_range_without_a_warning():
     warns)."""
     rows = [{"d": 1, "x": x, "seed": s, "regime": "harmful" if x == 10 else "benign"}
             for x in (1.0, 10.0, 100.0) for s in range(2)]
-    b = boundaries(pd.DataFrame(rows), "x", "d", ("benign", "harmful"), n_boot=50, seed=0)
+    b = boundaries(pd.DataFrame(rows), "x", "d", ("benign", "harmful"), n_boot=100, seed=0)
     assert b["status"].tolist() == ["outside_range"] and np.isnan(b["boundary"].iloc[0])
 
 
@@ -373,8 +373,8 @@ def test_runs_still_fitting_count_apart_or_as_not_overfitting():
             reg = "benign" if x > 3 else ("fitting" if s % 2 else "not_overfitting")
             rows.append({"d": 1, "seed": s, "m": x, "regime": reg, "status": "ok"})
     df = pd.DataFrame(rows)
-    apart = boundaries(df, "m", "d", between=("not_overfitting", "benign"), n_boot=50)
-    counted = boundaries(df, "m", "d", between=("not_overfitting", "benign"), n_boot=50,
+    apart = boundaries(df, "m", "d", between=("not_overfitting", "benign"), n_boot=100)
+    counted = boundaries(df, "m", "d", between=("not_overfitting", "benign"), n_boot=100,
                          fitting="not_overfitting")
     assert apart["n_other"].iloc[0] == 6 and counted["n_other"].iloc[0] == 0
     assert apart["n_a"].iloc[0] == 6 and counted["n_a"].iloc[0] == 12
@@ -395,7 +395,7 @@ def test_a_grid_limited_fit_is_said_at_every_recorded_step():
                 for x in (1.0, 2.0, 4.0, 8.0, 16.0, 32.0):  # separated between 2d^0 grid points
                     rows.append({"d": d, "seed": s, "m": x, "step": step, "status": "ok",
                                  "regime": "benign" if x < 2 * d ** 0.5 + 0.1 else "harmful"})
-    b = boundaries(pd.DataFrame(rows), "m", "d", n_boot=20)
+    b = boundaries(pd.DataFrame(rows), "m", "d", n_boot=100)
     assert set(b["status"].astype(str)) <= {"separated", "unresolved"}
     text = summary(b, "m", "d")
     assert "at 2 recorded steps" in text and text.count("grid-limited") == 2, text
@@ -559,3 +559,36 @@ def test_the_converged_limit_is_named_as_its_horizon_not_step_0():
     assert horizon_text(b.assign(steps=1000, time=5.0)) == " at step 1000 (time 5)"
     # a recorded step of a dynamics table: its time too (a flow's tau is not step x lr of 1)
     assert horizon_text(b.assign(step=100000, time=500.0)) == " at step 100000 (time 500)"
+
+
+def test_an_interval_open_at_zero_on_a_log_axis_is_refined_whatever_its_width():
+    """A separated slice whose bootstrap replicates often draw no run of its lower regime has an
+    interval reaching 0 on a log axis: no width at all. Refining it splits its grid gap even when
+    (hi - 0) / boundary looks narrower than the target (it used to be called done)."""
+    from phasebo.refine import Refinement, plan_round
+
+    rows = [{"d": 1, "seed": s, "m": m, "regime": "harmful" if m < 150 else "benign"}
+            for s in range(6) for m in ([100.0, 200.0, 400.0] if s == 0 else [200.0, 400.0])]
+    df = pd.DataFrame(rows)
+    b = boundaries(df, "m", "d", ("harmful", "benign")).iloc[0]
+    assert b["status"] == "separated" and b["lo"] == 0 and b["hi"] / b["boundary"] < 50
+    cases, _ = plan_round(df, Refinement(between=("harmful", "benign"), x="m", y="d",
+                                         target=50.0), 1000, 1, False, 6)
+    assert [c["m"] for c in cases] == [pytest.approx(np.sqrt(100 * 200))]
+
+
+def test_too_few_bootstrap_replicates_are_refused_and_the_count_is_stated():
+    """Five replicates put a 95 % interval's ends on single replicates (one missed its own
+    estimate); fewer than MIN_BOOT are refused, and the summary says how many were drawn."""
+    from phasebo.boundaries import MIN_BOOT
+    from phasebo.scaling import summary
+
+    df = planted(np.random.default_rng(3), seeds=6)
+    for n in (5, MIN_BOOT - 1, 2.5, True):
+        with pytest.raises(ValueError, match=f"at least {MIN_BOOT} replicates"):
+            boundaries(df, "signal_norm", "d", n_boot=n)
+        with pytest.raises(ValueError, match=f"at least {MIN_BOOT} replicates"):
+            pb.crossings(df.assign(test_acc=1.0), "signal_norm", "d", n_boot=n)
+    b = boundaries(df, "signal_norm", "d", n_boot=MIN_BOOT)
+    assert (b["n_boot"] == MIN_BOOT).all()
+    assert f"95% bootstrap over seeds ({MIN_BOOT} replicates)" in summary(b, "signal_norm", "d")

@@ -379,7 +379,7 @@ def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
     assert_clean(p)
     grid = out / "round-0"
     q = phasebo("boundaries", grid, "--x", "signal_norm", "--y", "d", "--between",
-                "harmful,benign", "--boot", 20, "--out", tmp_path)
+                "harmful,benign", "--boot", 100, "--out", tmp_path)
     assert_clean(q)
     stem = "harmful_benign_along_signal_norm_per_d"
     b = pd.read_csv(tmp_path / f"boundaries_{stem}.csv")
@@ -394,12 +394,12 @@ def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
     assert not list(grid.glob("boundar*"))  # --out: nothing written beside the sweep
     from phasebo.cli import run  # another rule or other axes write their own files, never these
 
-    assert run(["boundaries", str(grid), "--between", "harmful,benign", "--boot", "20",
+    assert run(["boundaries", str(grid), "--between", "harmful,benign", "--boot", "100",
                 "--fitting", "not_overfitting", "--no-plots", "--out", str(tmp_path)]) == 0
     other = pd.read_csv(tmp_path / f"boundaries_{stem}_fitting-not_overfitting.csv")
     assert set(other["fitting"]) == {"not_overfitting"}
     assert run(["boundaries", str(grid), "--x", "d", "--y", "signal_norm", "--between",
-                "harmful,benign", "--boot", "20", "--no-plots", "--out", str(tmp_path)]) == 0
+                "harmful,benign", "--boot", "100", "--no-plots", "--out", str(tmp_path)]) == 0
     swapped = pd.read_csv(tmp_path / "boundaries_harmful_benign_along_d_per_signal_norm.csv")
     assert "signal_norm" in swapped.columns and "d" not in swapped.columns
     assert set(pd.read_csv(tmp_path / f"boundaries_{stem}.csv")["fitting"]) == {"apart"}
@@ -409,7 +409,7 @@ def test_boundaries_command_on_a_finished_sweep(refined, tmp_path):
                 str(tmp_path)]) == 2
     # the same analysis again (here with other replicates) replaces its files, and says so
     again = phasebo("boundaries", grid, "--x", "signal_norm", "--y", "d", "--between",
-                    "harmful,benign", "--boot", 40, "--out", tmp_path)
+                    "harmful,benign", "--boot", 100, "--out", tmp_path)
     assert_clean(again)
     assert f"replacing {tmp_path / f'boundaries_{stem}'}" in again.stderr
     assert "figure (replaced): " in again.stdout
@@ -520,7 +520,8 @@ def test_bad_flags_of_the_figure_commands_are_one_line_errors(cmd, tmp_path, cap
     a_file.write_text("x\n")
     bad = [["--format", "bmpx"], ["--format", "jpg,png"], ["--out", str(a_file)],
            ["--out", str(a_file / "below")]]
-    bad += [["--boot", "-3"], ["--boot", "1"]] if cmd == "boundaries" else [["--dpi", "0"]]
+    bad += [["--boot", "-3"], ["--boot", "1"], ["--boot", "50"]] if cmd == "boundaries" else \
+        [["--dpi", "0"]]
     for flags in bad:
         assert run([cmd, str(tmp_path), *flags]) == 2, flags
         err = capsys.readouterr().err.strip().splitlines()
@@ -540,7 +541,7 @@ def test_boundaries_by_draws_a_figure_per_slice_and_over_none(tmp_path, capsys):
                     for lr in (0.01, 0.02)], ignore_index=True)
     df["run_id"], df["steps"] = np.arange(len(df)), 100
     df.to_parquet(tmp_path / "results.parquet")
-    common = [str(tmp_path), "--x", "signal_norm", "--y", "d", "--boot", "20", "--between",
+    common = [str(tmp_path), "--x", "signal_norm", "--y", "d", "--boot", "100", "--between",
               "benign,harmful"]
     assert run(["boundaries", *common, "--by", "lr"]) == 0
     stem = "boundary_benign_harmful_along_signal_norm_per_d_by_lr"
@@ -574,3 +575,21 @@ def test_unset_drops_an_included_setting_so_another_rule_applies(tmp_path, capsy
     assert "does not set it" in capsys.readouterr().err
     assert main([str(f), "--unset", "stepz", "--dry-run"]) == 2
     assert "did you mean 'steps'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["phasebo.sweep", "phasebo"])
+def test_a_closed_output_pipe_ends_quietly(module, tmp_path):
+    """``python -m phasebo.sweep FILE --dry-run | head -1``: the reader gone, the command ends
+    without a BrokenPipeError traceback (every entry point runs through cli.guarded)."""
+    import os
+
+    args = [str(ROOT / "sweeps" / "default.toml"), "--dry-run", "--out", str(tmp_path / "o")]
+    r, w = os.pipe()
+    os.close(r)  # nobody reads: every write to stdout fails
+    try:
+        p = subprocess.run([sys.executable, "-m", module, *(["sweep"] if module == "phasebo"
+                                                           else []), *args],
+                           stdout=w, stderr=subprocess.PIPE, text=True, env=ENV, timeout=300)
+    finally:
+        os.close(w)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr

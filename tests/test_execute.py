@@ -310,7 +310,7 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
         wait_until(proc, err, lambda e: re.search(rb"\b[1-9]\d*/256 \[", e), deadline)
         time.sleep(1.0)  # past the chunk's writes (milliseconds): the next chunk computes
         proc.send_signal(signal.SIGINT)
-        wait_until(proc, err, lambda e: b"Ctrl-C again" in e, deadline)
+        wait_until(proc, err, lambda e: b"again: at once" in e, deadline)
         code, took = interrupt(proc)
     finally:
         reap(proc, reader)

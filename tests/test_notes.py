@@ -18,6 +18,21 @@ def test_a_flip_count_that_changes_the_ratio_is_noted():
     assert label_noise_notes(phasebo.spec_from_dict({"n": 20, "noise_ratio": 0.2})) == []
 
 
+def test_many_rounded_flip_counts_at_one_n_share_one_note():
+    """A fine noise_ratio axis (0.01 apart at n = 20) would print a note per value; more than
+    three at one n share one line that says which values draw the same runs."""
+    spec = phasebo.spec_from_dict({"n": 20, "label_noise": "fixed_count"},
+                                  {"noise_ratio": [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]})
+    (note,) = label_noise_notes(spec)
+    assert note == ("note: 5 noise_ratio values at n = 20 flip a rounded number of labels "
+                    "(fixed_count: ceil(n r)), so their effective ratio is that number / 20 "
+                    "(e.g. 0.01 flips 1); values that round to the same number draw runs of the "
+                    "same distribution (0.01 to 0.04 all flip 1)")
+    few = phasebo.spec_from_dict({"n": 20, "label_noise": "fixed_count"},
+                                 {"noise_ratio": [0.01, 0.06, 0.2]})
+    assert len(label_noise_notes(few)) == 2  # one by one: 0.01 and 0.06 (0.2 flips 4 exactly)
+
+
 def test_a_full_batch_minibatch_and_a_decay_free_adamw_are_noted(capsys, tmp_path):
     from phasebo.cli.sweep import main
     from phasebo.notes import rule_notes
@@ -45,3 +60,26 @@ def test_a_lower_matmul_precision_on_cpu_is_noted_as_changing_nothing():
     if jax.default_backend() == "cpu":
         assert any("tensorfloat32 changes nothing on CPU" in n for n in notes)
     assert precision_notes(phasebo.spec_from_dict({"d": 100})) == []
+
+
+def test_a_plot_where_value_that_set_leaves_out_is_noted_before_the_runs(tmp_path, capsys):
+    """The file's own values are checked when it is read; a value ``--set`` then leaves out of
+    the sweep is not refused (the override is meant), but the figure it selects will be
+    skipped: the dry run and the run say so before anything runs."""
+    from phasebo.cli.args import parse_set
+    from phasebo.cli.sweep import main
+    from phasebo.config import load_sweep
+    from phasebo.notes import plot_where_notes
+
+    f = tmp_path / "p.toml"
+    f.write_text('name = "p"\n[settings]\nsteps = 5\n[axes]\nd = [250, 1000]\nn = [20, 40]\n'
+                 '[plot]\nheatmaps = [{ x = "n", y = "d", value = "regime", where = { n = 20 } }]\n'
+                 'lines = [{ x = "d", value = "test_acc", where = { n = 40 } }]\n')
+    assert plot_where_notes(load_sweep(f)) == []
+    assert plot_where_notes(load_sweep(f, parse_set(["n=[20, 30]"]))) == [
+        "note: [plot] lines #1: where n = 40 selects no run now that --set leaves n = 20, 30: "
+        "that figure will be skipped (fix: --set n to include it, or --no-plots)"]
+    assert main([str(f), "--set", "n=30", "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    said = capsys.readouterr().out
+    assert "[plot] heatmaps #1: where n = 20 selects no run" in said
+    assert "[plot] lines #1: where n = 40 selects no run" in said

@@ -184,7 +184,7 @@ def _note(fig) -> str:
 
 def test_no_power_law_is_drawn_through_fewer_than_three_slices():
     runs = _boundary_runs([100, 400])
-    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=100)
     fig = P.boundary_figure(runs, b, "signal_norm", "d")
     assert fig.boundary_fit["status"] == "too_few_slices"
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -195,14 +195,14 @@ def test_no_power_law_is_drawn_through_fewer_than_three_slices():
 
 def test_a_scattered_boundary_is_flagged_in_the_fit_and_the_figure():
     runs = _boundary_runs([25, 100, 400, 1600, 6400], noise=0.8, seeds=10)
-    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=100)
     row = __import__("phasebo.scaling", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
     assert row["status"] == "scattered" and row["chi2_dof"] > 4
     fig = P.boundary_figure(runs, b, "signal_norm", "d")
     assert "scattered" in _note(fig)
     P.plt.close(fig)
     clean = _boundary_runs([25, 100, 400, 1600, 6400], seeds=10)
-    b = pb.boundaries(clean, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    b = pb.boundaries(clean, "signal_norm", "d", ("benign", "harmful"), n_boot=100)
     fit = __import__("phasebo.scaling", fromlist=["x"]).power_law_row(b, "signal_norm", "d")
     assert fit["status"] == "ok" and abs(fit["exponent"] - 0.5) < 0.1
 
@@ -214,7 +214,7 @@ def test_boundaries_command_writes_the_fit_verdict(tmp_path, capsys):
     runs["run_id"] = np.arange(len(runs))
     runs.to_parquet(tmp_path / "results.parquet")
     assert boundaries_main([str(tmp_path / "results.parquet"), "--out", str(tmp_path),
-                            "--boot", "50"]) == 0
+                            "--boot", "100"]) == 0
     fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_along_signal_norm_per_d_fit.csv")
     assert fit["status"].tolist() == ["too_few_slices"] and np.isnan(fit["exponent"][0])
     assert "no power-law fit" in capsys.readouterr().out
@@ -282,12 +282,20 @@ def test_the_fit_verdict_at_one_recorded_step(three_axes, tmp_path):
     from phasebo.cli import boundaries_main
 
     assert boundaries_main([str(three_axes), "--x", "signal_norm", "--y", "noise_ratio",
-                            "--by", "lr", "--step", "last", "--boot", "20", "--no-plots",
+                            "--by", "lr", "--step", "last", "--boot", "100", "--no-plots",
                             "--out", str(tmp_path)]) == 0
     fit = pd.read_csv(tmp_path / "boundaries_benign_harmful_along_signal_norm_per_noise_ratio_by_lr"
                                   "_steps_last_fit.csv")
     assert sorted(fit["lr"]) == [0.05, 0.1]  # one verdict per --by group
     assert set(fit["status"]) <= {"ok", "scattered", "too_few_slices"}
+    # over time: a verdict per group and recorded step, in a file of its own as the table's
+    assert boundaries_main([str(three_axes), "--x", "signal_norm", "--y", "noise_ratio",
+                            "--by", "lr", "--step", "all", "--boot", "100", "--no-plots",
+                            "--out", str(tmp_path)]) == 0
+    stem = "boundaries_benign_harmful_along_signal_norm_per_noise_ratio_by_lr_steps_all"
+    table, fit = pd.read_csv(tmp_path / f"{stem}.csv"), pd.read_csv(tmp_path / f"{stem}_fit.csv")
+    assert len(fit) == table.groupby(["lr", "step"]).ngroups
+    assert {"lr", "step", "exponent", "status"} <= set(fit.columns)
 
 
 def test_a_fit_through_grid_gaps_only_is_grid_limited():
@@ -296,7 +304,7 @@ def test_a_fit_through_grid_gaps_only_is_grid_limited():
     from phasebo.scaling import power_law_row, summary
 
     runs = _boundary_runs([25, 100, 400, 1600, 6400], seeds=10, spread=0.01)
-    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=50)
+    b = pb.boundaries(runs, "signal_norm", "d", ("benign", "harmful"), n_boot=100)
     assert set(b["status"]) <= {"separated", "unresolved", "all_A", "all_B"}
     assert power_law_row(b, "signal_norm", "d")["status"] == "grid_limited"
     assert "midpoints of grid gaps" in summary(b, "signal_norm", "d")
@@ -340,3 +348,22 @@ def test_an_axis_set_adds_gets_lines_or_files_of_its_own(tmp_path, capsys):
     names = {p.name for p in (tmp_path / "a").glob("line_*.png")}
     assert "line_test_acc_vs_signal_norm.png" in names
     assert len([n for n in names if n.startswith("line_regime_vs_signal_norm_d40_")]) == 2, names
+
+
+def test_a_line_whose_x_is_fixed_is_drawn_against_its_hue_axis(tmp_path, capsys):
+    """``x = "n"`` coloured by ``noise_ratio``, with n fixed by --set: the only axis left is the
+    hue's, so the line is drawn against it without a hue (it was skipped: a column cannot be
+    both), and with two axes left the hue stays and x takes the other."""
+    lines = {"lines": [{"x": "n", "value": "test_acc", "hue": ["noise_ratio"]}]}
+    base = {k: v for k, v in BASE.items() if k != "n"}
+    spec = pb.spec_from_dict(base, {"noise_ratio": [0.1, 0.4]}, seeds=1, name="hue",
+                             plot={**lines, "lines": [{**lines["lines"][0]}]},
+                             cases=[{"n": 12}])
+    run_sweep(spec, tmp_path / "h", quiet=True)
+    assert [p.name for p in (tmp_path / "h").glob("line_*.png")] == \
+        ["line_test_acc_vs_noise_ratio.png"]
+    assert "skipped" not in capsys.readouterr().err
+    two = pd.DataFrame({"n": 12, "noise_ratio": [0.1, 0.1, 0.4, 0.4], "d": [48, 96, 48, 96],
+                        "seed": 0})
+    assert R._retarget(two, lines["lines"][0], "line", 0, quiet=True) == \
+        ("line", {"x": "d", "value": "test_acc", "where": None, "hue": ["noise_ratio"]})

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from phasebo.cli.args import parse_set
 from phasebo.cli.sweep import main, override_slug
-from phasebo.config import load_sweep, parse_set, spec_from_dict
+from phasebo.config import load_sweep, spec_from_dict
 from phasebo.settings import ConfigError
 from phasebo.store import command_line, read_manifest
 from phasebo.sweep import run_sweep
@@ -353,12 +354,16 @@ def test_boundaries_of_tables_a_sweep_replaced_are_removed_and_said(tmp_path, ca
             "boundary_harmful_benign_along_signal_norm_per_d.png"]
     for f in made:
         (out / f).write_text("from the 2-run tables")
+    (out / "figures").mkdir()  # phasebo plot's figures of those tables
+    made.append("figures/map_regime_d_vs_signal_norm_step10.png")
+    (out / made[-1]).write_text("from the 2-run tables")
     (out / "boundary_sketch.png").write_text("the user's own: not named as phasebo names them")
     run_sweep(tiny(), out, plots=False)  # the same runs: the same tables
     assert all((out / f).exists() for f in made) and "removed" not in capsys.readouterr().err
     run_sweep(tiny(seeds=2), out, plots=False)  # grown: new tables
     assert not any((out / f).exists() for f in made) and (out / "boundary_sketch.png").exists()
-    assert "removed 3 boundary table(s) and figure(s)" in capsys.readouterr().err
+    assert "removed 4 table(s) and figure(s) of phasebo boundaries or phasebo plot" in \
+        capsys.readouterr().err
     (out / made[0]).write_text("from the 4-run tables")
     run_sweep(tiny(), out, quiet=True, plots=False)  # a subset: its own tables
     assert not (out / made[0]).exists()

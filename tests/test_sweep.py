@@ -264,6 +264,28 @@ def test_numpy_values_from_a_notebook():
         run_one({"T": [2, 3], "steps": 2})
 
 
+def test_a_quoted_number_is_refused_and_a_bare_one_on_the_command_line_is_read(tmp_path):
+    """``steps = "100"`` in a file is a typo, refused as seeds = "2" is; on the command line a
+    number TOML does not read (``.005``) is still that number."""
+    from phasebo.cli.args import parse_set
+    from phasebo.config import load_sweep
+
+    for line, msg in (('steps = "100"', "steps = '100' is not a valid int"),
+                      ('lr = "0.01"', "lr = '0.01' is not a valid float"),
+                      ('d = ["500", 1000]', "d = '500' is not a valid int")):
+        f = tmp_path / "q.toml"
+        f.write_text(f'name = "q"\n[settings]\n{line}\n' if "[" not in line else
+                     f'name = "q"\n[axes]\n{line}\n')
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            load_sweep(f)
+    assert parse_set(["lr=.005", "steps=1e3", "track=3+7"]) == {"lr": 0.005, "steps": 1000.0,
+                                                                 "track": "3+7"}
+    spec = load_sweep(ROOT / "sweeps" / "default.toml", parse_set(["lr=.005", "track=3+7"]))
+    assert spec.fixed["lr"] == 0.005 and spec.fixed["track"] == (3, 7)
+    with pytest.raises(ConfigError, match="lr = 'abc' is not a valid float"):
+        load_sweep(ROOT / "sweeps" / "default.toml", parse_set(["lr=abc"]))
+
+
 def readme_commands() -> list[list[str]]:
     text = (ROOT / "README.md").read_text()
     main_cmd = re.search(r"^(?:pip install [^\n]*&& )?(python -m phasebo\.sweep sweeps/default\.toml)"
@@ -468,3 +490,11 @@ def test_growing_without_plots_removes_the_figures_of_the_runs_before(tmp_path, 
     assert json.loads((out / "manifest.json").read_text())["figures"] == []
     run_sweep(small_spec(seeds=3, steps=10), out, plots=False)  # nothing changed: nothing said
     assert "removed" not in capsys.readouterr().err
+
+
+def test_zero_steps_of_gradient_descent_are_refused():
+    """steps = 0 ran, and judged every untrained run (not overfitting, test accuracy 0)."""
+    for model in ("prompt_attention", "single_head"):
+        with pytest.raises(ConfigError, match="steps = 0 trains nothing"):
+            spec_from_dict({"model": model, "steps": 0})
+    assert spec_from_dict({"steps": 1}).fixed["steps"] == 1

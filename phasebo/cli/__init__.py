@@ -150,14 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def run(argv: list[str] | None = None) -> int:
-    """The console entry point: :func:`main`, quiet when its output pipe closes early
-    (``phasebo settings | head``)."""
+def guarded(command, *args) -> int:
+    """``command(*args)``, quiet when its output pipe closes early (``phasebo settings | head``,
+    ``python -m phasebo.sweep FILE --dry-run | head -1``): every entry point runs through it."""
     try:
-        return main(argv)
+        return command(*args)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The console entry point ``phasebo``: :func:`main`, :func:`guarded`."""
+    return guarded(main, argv)
+
+
+def sweep_entry() -> int:
+    """The console entry point ``phasebo-sweep``: :func:`phasebo.cli.sweep.main`, :func:`guarded`."""
+    from .sweep import main as sweep_main
+
+    return guarded(sweep_main)
 
 
 def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -169,20 +181,21 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     import pandas as pd
 
     from ..analysis import load
-    from ..boundaries import FITTING_RULES, boundaries, count_fitting
-    from ..scaling import power_law_row, summary
+    from ..boundaries import FITTING_RULES, MIN_BOOT, boundaries, count_fitting
+    from ..scaling import exponents_over_steps, power_law_row, summary
     from ..settings import ConfigError
     from .args import Parser, at_least, figure_formats, out_dir
 
     p = Parser(prog=prog or "phasebo boundaries",
                description="Estimate phase boundaries of finished sweep(s).")
     p.add_argument("results", nargs="+", help="sweep directories (or results files)")
-    p.add_argument("--x", default="signal_norm", help="axis the boundary lies along")
-    p.add_argument("--y", default="d", help="slice axis: one boundary per value")
-    p.add_argument("--between", default="benign,harmful", help="two regimes, A,B")
+    p.add_argument("--x", default="signal_norm", help="axis the boundary lies along (default: signal_norm)")
+    p.add_argument("--y", default="d", help="slice axis: one boundary per value (default: d)")
+    p.add_argument("--between", default="benign,harmful", help="two regimes, A,B (default: benign,harmful)")
     p.add_argument("--by", default="", help="more slice columns, comma separated")
     p.add_argument("--over", default="", help="settings to pool inside a slice, comma separated")
-    p.add_argument("--boot", type=int, default=400, help="bootstrap replicates")
+    p.add_argument("--boot", type=int, default=400,
+                   help=f"bootstrap replicates (default: 400; at least {MIN_BOOT})")
     p.add_argument("--fitting", default="apart", choices=FITTING_RULES,
                    help="runs still fitting their flipped labels: on neither side (apart, the "
                         "default) or counted as not overfitting (a label unfitted at the step)")
@@ -201,7 +214,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
 
     try:
         formats = figure_formats(args.format)
-        at_least("boot", args.boot, 2)  # one replicate: an interval of width 0
+        at_least("boot", args.boot, MIN_BOOT)  # fewer: the interval's ends are a few replicates
         out = out_dir(args.out) if args.out else None
         between = tuple(s.strip() for s in args.between.split(","))
         step = args.step
@@ -243,15 +256,28 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
                   + summary(g, args.x, args.y))
     else:
         print(summary(b, args.x, args.y))
+    if len(b) and not int(b["n_runs"].sum()):  # nothing to place: say what the runs are instead
+        from ..analysis import at_step
+
+        sel = df if step in (None, "all") else at_step(df, step)
+        seen = count_fitting(sel, args.fitting)["regime"].astype(str).value_counts()
+        print(f"no run is {between[0]} or {between[1]}"
+              + (" at these steps" if step is not None else "") + ": "
+              + ", ".join(f"{k} {v}" for k, v in seen.items() if v)
+              + (" (runs x recorded steps)" if step == "all" else " runs")
+              + "; fix: --between two regimes the runs have")
     one_step = "step" not in b.columns or b["step"].nunique() == 1
-    if one_step:  # the fit and its verdict (ok, scattered, too_few_slices), per --by group
-        by = split(args.by)
-        groups = b.groupby(by, sort=True, dropna=False) if by else [((), b)]
-        rows = []
-        for key, g in groups:
-            key = key if isinstance(key, tuple) else (key,)
-            rows.append({**dict(zip(by, key)), **power_law_row(g, args.x, args.y)})
-        pd.DataFrame(rows).to_csv(out / f"{stem}_fit.csv", index=False)
+    # the fit and its verdict (ok, scattered, too_few_slices) per --by group, and per recorded
+    # step for a boundary over time
+    by = split(args.by)
+    rows = []
+    for key, g in (b.groupby(by, sort=True, dropna=False) if by else [((), b)]):
+        key = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        if one_step:
+            rows.append({**key, **power_law_row(g, args.x, args.y)})
+        else:
+            rows += [{**key, **r} for r in exponents_over_steps(g, args.y).to_dict("records")]
+    pd.DataFrame(rows).to_csv(out / f"{stem}_fit.csv", index=False)
     if not args.no_plots:
         from ..plot import boundary_figure, boundary_trajectory, save
 
@@ -284,8 +310,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
             print(("figure: " if not any((out / f"{fname}.{f}").exists()
                                          for f in formats) else "figure (replaced): ")
                   + ", ".join(map(str, save(fig, out / fname, formats))))
-    print(f"table: {out / (stem + '.csv')}"
-          + (f"; fit: {out / (stem + '_fit.csv')}" if one_step else ""))
+    print(f"table: {out / (stem + '.csv')}; fit: {out / (stem + '_fit.csv')}")
     return 0
 
 

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import tomllib
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from .. import config as C
 from ..plot_spec import FIGURE_FORMATS
+from ..registry import all_settings
 from ..settings import ConfigError
 from ..store import check_out_dir
 
@@ -65,3 +70,40 @@ def out_dir(path: str | Path, flag: str = "--out") -> Path:
         raise ConfigError(f"{flag} {str(path)!r}: cannot create the directory ({e.strerror}); "
                           "fix: choose a writable directory") from None
     return path
+
+
+def parse_set(items: Iterable[str]) -> dict[str, Any]:
+    """``--set key=value`` strings -> dict; a value in TOML syntax may be a list or a range."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set d=1000")
+        key, text = (x.strip() for x in item.split("=", 1))
+        if not key:
+            raise ConfigError(f"--set {item!r}: the key is empty; expected key=value")
+        C._setting(key, "--set ")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError as e:
+            if text and text[0] in "[{":  # meant as a list or a range: say what does not parse
+                words = [w.strip().strip("'\"") for w in text.strip("[]{} ").split(",")]
+                fix = (f"'{key}=[" + ", ".join(f'"{w}"' for w in words if w) + "]' (words in "
+                       "quotes)" if all_settings()[key].type in (str, tuple) else
+                       f"'{key}=[10, 40]' or '{key}={{start=5, stop=100, step=5}}'")
+                raise ConfigError(f"--set {key}: {text!r} is not a valid TOML list or range "
+                                  f"({str(e).split(' (at')[0]}); fix: e.g. --set {fix}") from None
+            value = text  # a bare word such as --set model=prompt_attention, or a number
+            if all_settings()[key].type in (int, float):  # TOML does not read, such as .005
+                value = _number(text)
+        if key in out and out[key] != value:  # which one was meant is not ours to guess
+            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value!r}); fix: "
+                              f"give it once (a list sweeps both: --set '{key}=[...]')")
+        out[key] = value
+    return out
+
+
+def _number(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text  # refused, as not a number, with its setting's fix

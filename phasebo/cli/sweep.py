@@ -25,7 +25,7 @@ from ..registry import all_settings
 from ..settings import ConfigError, enable_compilation_cache, suggest
 from ..store import check_out_dir, count_done, holder, holds_runs, is_subset, read_manifest
 from ..sweep import run_sweep
-from .args import Parser, at_least, figure_formats
+from .args import Parser, at_least, figure_formats, parse_set
 
 DESCRIPTION = "Run a sweep: plan -> execute -> assemble -> report."
 
@@ -336,7 +336,7 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                               "one file per command with --out, or no --out (each goes to "
                               "results/<its name>/)")
         start_jax(args)
-        specs = [(f, load_unset(f, args.unset, C.parse_set(args.set), args.seeds))
+        specs = [(f, load_unset(f, args.unset, parse_set(args.set), args.seeds))
                  for f in args.files]
         if any("float64" in spec.values("dtype") for _, spec in specs):
             import jax
@@ -345,7 +345,7 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
         for _, spec in specs:
             out = Path(args.out) if args.out else Path("results") / spec.name
             if (args.set or args.unset) and not args.out:
-                out = out / override_slug(C.parse_set(args.set), spec, args.unset)
+                out = out / override_slug(parse_set(args.set), spec, args.unset)
             check_out_dir(out)
             block = dict(spec.refine)
             if args.refine:

@@ -102,6 +102,10 @@ class Model(abc.ABC):
             raise ConfigError(f"test_reference = \"clean\" judges runs against the noise-free "
                               f"runs of their sweep, but model {self.name!r} has no noise_ratio; "
                               "fix: test_reference = \"absolute\"")
+        if r.get("dynamics", "gd") == "gd" and self.trains and r.get("steps", 1) < 1:
+            raise ConfigError(f"steps = {r['steps']} trains nothing: every run would stay at its "
+                              "initialisation and be judged there; fix: steps >= 1 (or "
+                              "dynamics = \"flow\" / \"limit\")")
         if r.get("dynamics") in ("flow", "limit"):
             rule = [f"{k} = {r[k]!r}" for k, v in (("optimizer", "sgd"), ("clip_norm", 0.0),
                                                    ("lr_schedule", "constant"),
@@ -246,6 +250,11 @@ class Model(abc.ABC):
         d, T = getattr(static, "d", 1), getattr(static, "T", 1)
         n = static.batch_size if minibatched(static) else static.n
         return 6.0 * n * T * d * max(self.loop_steps(static), 1)
+
+    def setup(self, static) -> None:
+        """One-off host work before a program of ``static`` is traced (vit_digits pretrains its
+        backbone, once, into the cache), timed apart from the compile."""
+        return None
 
     def setup_note(self, static) -> str | None:
         """One-off work a run of ``static`` does before its program compiles and that the cost

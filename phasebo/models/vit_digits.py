@@ -318,6 +318,9 @@ class ViTDigitsModel(Model):
         n_rec = self.n_records(static)
         return int((acts + 4 * params + n_rec * (60 + 4 * T)) * self.item(static))
 
+    def setup(self, static):
+        load_backbone(static)  # pretrained and cached the first time, read back after
+
     def setup_note(self, static):
         cfg = backbone_settings(static)
         if backbone_path(cfg).with_suffix(".eqx").exists():

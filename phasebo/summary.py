@@ -1,0 +1,35 @@
+"""What a finished sweep says on its last lines: how many runs, where the time went (compiling,
+the models' one-off setup, running, tables, figures, report), the regimes at the horizon, the
+diverged runs, and what the clean references rest on when it is little."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .regimes import reference_notes
+
+
+def finished_lines(name: str, df: pd.DataFrame, stats, pl, out_dir: Path, t_write: float,
+                   wall: float, report_txt: str = "") -> list[str]:
+    """The summary line of sweep ``name`` (its tables ``df``, the executor's ``stats``, its plan
+    ``pl``), then its notes on the clean references (:func:`phasebo.regimes.reference_notes`)."""
+    n_div = int((df["status"] == "diverged").sum())
+    counts = df["regime"].value_counts()
+    regimes = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    rate = stats.n_new / stats.run_s if stats.run_s > 0 else 0.0
+    rate_txt = (f"{rate:.0f} runs/s" if rate >= 10 else f"{rate:.2g} runs/s") if rate else "-"
+    beside = (f" (and {stats.compile_beside_s:.1f} s beside the runs)"
+              if stats.compile_beside_s >= 0.05 else "")
+    # a model's one-off work before its trace (vit_digits' pretraining): not a compile
+    setup = f", setup {stats.setup_s:.1f} s (pretraining)" if stats.setup_s >= 0.5 else ""
+    line = (f"{name}: {stats.n_new} new runs ({len(df)} in the table); compile "
+            f"{stats.compile_s:.1f} s{beside}{setup}, run {stats.run_s:.1f} s ({rate_txt}), tables "
+            f"and figures {t_write:.1f} s{report_txt}, {wall:.1f} s in all on {pl.n_dev} "
+            f"{pl.platform} device(s); regimes: {regimes}"
+            + (" (fitting: still fitting its flipped labels at the horizon)"
+               if counts.get("fitting", 0) else "")
+            + (f"; {n_div} diverged runs (status = diverged, left out of the maps)"
+               if n_div else "") + f"; results in {out_dir}")
+    return [line] + [f"{name}: {note}" for note in reference_notes(df)]
