@@ -256,8 +256,10 @@ def _toml(v) -> str:
 
 
 def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] | None = None,
-               seeds: int | None = None, where: str = "") -> SweepSpec:
-    """Validate a parsed sweep file (plus ``--set`` overrides) into a :class:`SweepSpec`."""
+               seeds: int | None = None, where: str = "", overrides_as: str = "overrides:"
+               ) -> SweepSpec:
+    """Validate a parsed sweep file (plus ``--set`` overrides) into a :class:`SweepSpec`; an
+    error in an override names it ``overrides_as`` (the command line: ``--set``)."""
     for key in raw:
         if key not in TOP_LEVEL_KEYS:
             hint = suggest(key, TOP_LEVEL_KEYS)
@@ -275,7 +277,7 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
     origin: dict[str, str] = {}
 
     def add(key: str, value: Any, section: str, force_axis: bool = False, replace=False):
-        w = f"{where}[{section}] " if section != "--set" else "--set "
+        w = f"{where}[{section}] " if section != "--set" else f"{overrides_as} "
         s = _setting(key, w)
         if key in origin and not replace:
             raise ConfigError(f"{w}{key!r} is also given in [{origin[key]}]; give it once: a "
@@ -459,11 +461,13 @@ def _merge(base: dict, top: dict) -> dict:
 
 
 def load_sweep(path: str | Path, overrides: Mapping[str, Any] | None = None,
-               seeds: int | None = None) -> SweepSpec:
-    """Read and validate a sweep file."""
+               seeds: int | None = None, overrides_as: str = "overrides:") -> SweepSpec:
+    """Read and validate a sweep file, with ``overrides`` of its settings (a list or range makes
+    an axis, as ``--set`` does)."""
     path = Path(path)
     raw = read_sweep_file(path)
-    return build_spec(raw, path.stem, overrides, seeds, where=f"{path.name}: ")
+    return build_spec(raw, path.stem, overrides, seeds, where=f"{path.name}: ",
+                      overrides_as=overrides_as)
 
 
 def spec_from_dict(settings: Mapping[str, Any] | None = None, axes: Mapping[str, Any] | None = None,

@@ -327,7 +327,7 @@ def describe(pl: Plan, out: Path) -> str:
                      f"device; ~{fmt_time(t)}")
     lines.append(f"  estimated time ~{fmt_time(total_t)} (cost model of `phasebo bench`), tables "
                  f"~{estimated_disk(pl) / 2**20:.1f} MiB on disk, memory budget "
-                 f"{pl.budget / 2**30:.1f} GiB")
+                 f"{pl.budget / 2**30:.1f} GiB ({size_text(pl.budget / pl.n_dev)} per device)")
     for note in dict.fromkeys(filter(None, (g.model.setup_note(g.program) for g in pl.groups))):
         lines.append(f"  plus: {note}")
     if any(getattr(g.program, "dynamics", "gd") == "flow" for g in pl.groups):

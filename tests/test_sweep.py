@@ -284,6 +284,9 @@ def test_a_quoted_number_is_refused_and_a_bare_one_on_the_command_line_is_read(t
     assert spec.fixed["lr"] == 0.005 and spec.fixed["track"] == (3, 7)
     with pytest.raises(ConfigError, match="lr = 'abc' is not a valid float"):
         load_sweep(ROOT / "sweeps" / "default.toml", parse_set(["lr=abc"]))
+    # from Python no flag was used: the error names the overrides, not --set
+    with pytest.raises(ConfigError, match="^overrides: unknown setting 'stepz'"):
+        load_sweep(ROOT / "sweeps" / "default.toml", {"stepz": 3})
 
 
 def readme_commands() -> list[list[str]]:

@@ -115,7 +115,7 @@ def load_unset(path, unset, overrides: dict, seeds) -> SweepSpec:
     """:func:`phasebo.config.load_sweep` with the settings ``unset`` names dropped from the file
     (and the files it includes) first: ``[settings]``, ``[axes]``, ``[regime]`` and every case."""
     if not unset:
-        return C.load_sweep(path, overrides, seeds)
+        return C.load_sweep(path, overrides, seeds, overrides_as="--set")
     raw = C.read_sweep_file(path)
     for key in unset:
         if key not in all_settings():
@@ -131,7 +131,8 @@ def load_unset(path, unset, overrides: dict, seeds) -> SweepSpec:
                               "replaces the file's value")
         for h in held:
             h.pop(key, None)
-    return C.build_spec(raw, Path(path).stem, overrides, seeds, where=f"{Path(path).name}: ")
+    return C.build_spec(raw, Path(path).stem, overrides, seeds, where=f"{Path(path).name}: ",
+                        overrides_as="--set")
 
 
 def override_slug(overrides: dict, spec: SweepSpec, unset=()) -> str:
