@@ -278,7 +278,8 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
     (runs of ``A`` or ``B``), ``n_a``, ``n_b``, ``n_other``, ``n_seeds``, ``n_x`` (distinct ``x``
     values), ``slope`` (d logit / d log x), ``pseudo_r2`` (McFadden), ``status`` (one of
     ``ok``, ``unresolved``, ``separated``, ``unbounded``, ``outside_range``, ``all_A``, ``all_B``,
-    ``too_few``), ``x``, ``between``, ``fitting`` and the horizon: ``steps`` and ``time`` shared
+    ``too_few``), ``x``, ``between``, ``fitting``, ``n_boot`` (the bootstrap replicates, at
+    least :data:`MIN_BOOT`), ``ci_level`` and the horizon: ``steps`` and ``time`` shared
     by the slice's runs (NaN where they differ; on a dynamics table ``step`` is a slice key and
     ``time`` its flow time). A setting other than ``x``, ``y``, ``by`` and the seed that varies inside a slice
     is an error (the fit would pool it) unless it is named in ``over`` or ``x`` determines it one
@@ -436,7 +437,8 @@ def crossings(df: pd.DataFrame, x: str, y: str, value: str = "test_acc", level: 
     sampled ``x`` values that bracket it; its ``ci`` interval is a percentile bootstrap over seeds
     (seeds as in :func:`boundaries`: a seed is one draw across the whole slice).
 
-    Rows have the columns of :func:`boundaries` (so :func:`fit_power_law` takes them), with
+    Rows have the columns of :func:`boundaries` (so :func:`fit_power_law` takes them; ``n_boot``
+    replicates, at least :data:`MIN_BOOT`), with
     ``status`` ``ok`` or ``no_crossing`` and ``n_crossings`` (more than 1: the mean is not
     monotone in ``x``; the first crossing from small ``x`` is reported). Failed runs are left
     out. On a dynamics table every recorded step is a slice (or ``step`` selects some).

@@ -169,11 +169,9 @@ def _program_key(g, n_dev: int) -> tuple:
 
 
 class Executor:
-    """Runs a plan's runs not yet in a directory's parts, chunk by chunk.
-
-    ``traces`` / ``compiles``: per program key ``(model, engine, program, block, devices)``, the
-    traces and backend compilations this executor caused (0 where JAX's caches had the program).
-    """
+    """Runs a plan's runs not yet in a directory's parts, chunk by chunk. ``traces`` / ``compiles``:
+    per program key ``(model, engine, program, block, devices)``, the traces and backend
+    compilations this executor caused (0 where JAX's caches had the program)."""
 
     def __init__(self):
         self.traces: collections.Counter = collections.Counter()
@@ -479,17 +477,19 @@ def _interruptible():
             raise AbandonedCompile
         if state.stop and state.computing:
             raise Abandoned
-        first = not state.stop
-        state.stop = True
+        first, state.stop = not state.stop, True
+        # the command line stops on SIGTERM as on Ctrl-C (cli.sweep.SigtermAsSigint); Python not
+        again = "Ctrl-C or SIGTERM" if getattr(signal.getsignal(signal.SIGTERM),
+                                               "stops_as_ctrl_c", False) else "Ctrl-C"
         if state.compiling:
-            print("\nstopping once the program being compiled is ready (Ctrl-C or SIGTERM "
-                  "again: at once)", file=sys.stderr, flush=True)
+            print(f"\nstopping once the program being compiled is ready ({again} again: at "
+                  "once)", file=sys.stderr, flush=True)
             return
         if not state.saving:
             raise KeyboardInterrupt
         if first and state.computing:
-            print("\nstopping: the blocks in flight finish and are saved (Ctrl-C or SIGTERM "
-                  "again: at once; their runs are redone on resume)", file=sys.stderr, flush=True)
+            print(f"\nstopping: the blocks in flight finish and are saved ({again} again: at "
+                  "once; their runs are redone on resume)", file=sys.stderr, flush=True)
 
     old = signal.signal(signal.SIGINT, handler)
     state.stop = isinstance(old, SigintLatch) and old.hit  # a Ctrl-C before, maybe swallowed

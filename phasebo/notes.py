@@ -15,7 +15,8 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
     ratio: ``fraction`` flips ``floor(ceil(n r) / 2)`` labels of each class, ``fixed_count``
     ``ceil(n r)``; Bernoulli flips keep the ratio in expectation and get no note. More than
     :data:`NOTES_EACH` such ratios at one (rule, n) share one line."""
-    found: dict[tuple, dict] = {}  # (mode, n) -> {r: (flips, how)}
+    found: dict[tuple, dict] = {}  # (mode, n) -> {r: (flips, how)}: the rounded ones
+    every: dict[tuple, dict] = {}  # (mode, n) -> {r: flips}: all of them (same-count groups)
     names = ("model", "n", "noise_ratio", "label_noise")
     for case in spec.cases:
         base = {**spec.fixed, **case}
@@ -27,6 +28,7 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
                 continue
             k = int(math.ceil(round(n * r, 9)))
             flips = 2 * (k // 2) if mode == "fraction" else k
+            every.setdefault((mode, n), {})[r] = flips
             if abs(flips - n * r) < 1e-9:
                 continue
             how = (f"floor(ceil({n} * {r:g}) / 2) = {k // 2} per class" if mode == "fraction"
@@ -41,8 +43,8 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
                 notes.append(f"note: noise_ratio = {r:g} at n = {n} flips {flips} labels "
                              f"({mode}: {how}): {tail}")
             continue
-        by_count: dict[int, list] = {}
-        for r, (flips, _) in sorted(ratios.items()):
+        by_count: dict[int, list] = {}  # exact ratios too: 0.05 at n = 20 flips 1, as 0.01 does
+        for r, flips in sorted(every[(mode, n)].items()):
             by_count.setdefault(flips, []).append(r)
         rule = "2 floor(ceil(n r) / 2)" if mode == "fraction" else "ceil(n r)"
         r0, (f0, _) = next(iter(sorted(ratios.items())))
@@ -119,9 +121,9 @@ def sweep_notes(spec: SweepSpec) -> list[str]:
 def plot_where_notes(spec: SweepSpec) -> list[str]:
     """A note for each ``[plot]`` figure whose ``where`` names a value ``--set`` left out of the
     sweep (the file's own values are checked when it is read): that figure will be skipped."""
-    return [f"note: {w}{k} = {one!r} selects no run now that --set leaves {k} = "
-            f"{', '.join(map(repr, have[:12]))}: that figure will be skipped (fix: --set {k} "
-            "to include it, or --no-plots)"
+    return [f"note: {w}{k} = {one!r} selects no run now that the overrides (--set) leave "
+            f"{k} = {', '.join(map(repr, have[:12]))}: that figure will be skipped (fix: "
+            f"override {k} to include it, or draw no figures)"
             for w, k, one, have in plot_where_misses(spec, spec.plot)]
 
 

@@ -235,7 +235,7 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     recorded step (log axis), with its interval; ``b`` is :func:`phasebo.boundaries` on a
     dynamics table (a ``step`` column). ``slices``: the ``y`` values to draw (default: up to six,
     spread over those with a boundary)."""
-    from .scaling import estimator_text, resolved
+    from .scaling import estimator_text, horizon_text, resolved
 
     fig, ax = _new(ax, figsize=(6.8, 4.6))
     ok = resolved(b)  # the slices the text calls found: placed, with a bounded interval
@@ -249,7 +249,8 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
         g = ok[np.isclose(ok[y].to_numpy(float), float(v))].sort_values("step")
         if g.empty:
             continue
-        st = g["step"].to_numpy(float)
+        # slices dodged a little along the log step axis: equal boundaries would hide each other
+        st = g["step"].to_numpy(float) * 1.06 ** (i - (len(vals) - 1) / 2)
         bx = g["boundary"].to_numpy(float)
         err = np.vstack([bx - g["lo"].to_numpy(float), g["hi"].to_numpy(float) - bx])
         ax.errorbar(st, bx, yerr=err, fmt="-o", ms=3, capsize=2, lw=1.2,
@@ -259,13 +260,15 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     if (ok["boundary"] > 0).all() and x in LOG_AXES:
         ax.set_yscale("log")
         _plain_log(ax.yaxis)
-    ax.set_xlabel("recorded step")
+    ax.set_xlabel("recorded step (slices dodged apart)" if len(vals) > 1 else "recorded step")
     ax.set_ylabel(f"boundary {_label(x)}")
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
     how = estimator_text(b)
+    last = b[b["step"] == b["step"].max()] if len(b) else b  # the horizon: its step (and time)
+    sub = (f"(95% intervals over {n_seeds} seeds; slices with a bounded interval; recorded"
+           f"{horizon_text(last).replace(' at ', ' to ', 1)})")
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
-                 f"{', ' + how if how else ''}\n(95% intervals over {n_seeds} seeds; slices with a "
-                 "bounded interval)", fontsize=10)
+                 f"{', ' + how if how else ''}\n{textwrap.fill(sub, 80)}", fontsize=10)
     if len(vals):
         ax.legend(fontsize=8, loc="best", framealpha=0.8)
     return fig, ax

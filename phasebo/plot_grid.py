@@ -161,7 +161,11 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
             parts += [f"weight decay {_num(v)}"] if v else []
             continue
         if c == "steps" and "step" in df.columns:  # a dynamics table: the map is at its step
-            at = one("step")
+            at, tau, end = one("step"), one("time"), one("flow_time")
+            if one("dynamics") == "flow" and at is not None and tau is not None and end:
+                parts.append(f"step {_num(at)} (τ {_num(tau)}) of {_num(v)} (τ {_num(end)})")
+                skip = (*skip, "flow_time")  # said here: the step's own time and the horizon
+                continue
             parts.append(f"step {_num(at)} of {_num(v)}" if at is not None else
                          f"recorded steps {_num(df['step'].min())}–{_num(df['step'].max())} "
                          f"of {_num(v)}")

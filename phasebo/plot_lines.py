@@ -3,13 +3,14 @@ seeds in each regime (:func:`regime_shares`) against it. Re-exported by :mod:`ph
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from . import analysis as A
-from .plot_grid import _auto_log, _seeds, failed_text, settings_text
+from .plot_grid import TITLE_WIDTH, _auto_log, _seeds, failed_text, settings_text
 from .plot_style import REGIME_COLORS, _label, _new, _num, _plain_log, _short, line_colors
 from .results import REGIMES
 
@@ -61,10 +62,12 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         int((runs["status"].astype(str) != "ok").sum())
     empty = "" if A.is_aggregate(runs) else ", ".join(  # cells with no value (no flipped sample)
         sorted({_num(v) for v in k[k == 0].index.get_level_values(0)}, key=float))
-    ax.set_title(title or f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
-                 + (f" ({failed_text(failed)})" if failed else "")
-                 + (f"; no value at {_short(x)} = {empty}" if empty else "")
-                 + (f"\n{text}" if text else ""), fontsize=10)
+    head = (f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
+            + (f" ({failed_text(failed)})" if failed else "")
+            + (f"; no value at {_short(x)} = {empty}" if empty else ""))
+    # wrapped as the settings are: a long label would run off both sides of the figure
+    ax.set_title(title or textwrap.fill(head, TITLE_WIDTH) + (f"\n{text}" if text else ""),
+                 fontsize=10)
     return fig, ax
 
 

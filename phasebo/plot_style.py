@@ -43,7 +43,9 @@ LABELS = {
     "cls_max_attn_clean": "max CLS attention, clean", "p_norm": "‖p‖", "q_norm": "‖q‖",
     "p_align_e1": "cos(p, e₁)", "p_align_e2": "cos(p, e₂)", "diverge_step": "step diverged",
     "first_benign_step": "first benign step", "dip_test_acc": "lowest test accuracy after fit",
-    "dip_step": "step of the test-accuracy dip", "recovery_step": "step test accuracy recovered",
+    "dip_step": "step of the test-accuracy dip",
+    "recovery_step": "first step test accuracy was back (may fall again)",
+    "held_recovery_step": "step from which test accuracy stayed back",
     "rho": "ρ (weak-token signal)", "sigma_eps": "σ (noise scale)", "n_test": "test samples",
 }
 ROLE_WORDS = {"rel": "relevant", "weak": "weak", "weak_opp": "weak opposite", "irr": "irrelevant"}

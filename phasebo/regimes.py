@@ -42,7 +42,9 @@ recorded step) with the same rule, and :func:`timeline` condenses each run's rec
 first recorded step at which it is benign, the step of its lowest test accuracy after step 0
 (``dip_step``, ``dip_test_acc``), and the **recovery step**: the first recorded step after a dip
 below ``A - test_eps`` at which test accuracy is back at ``>= A - test_eps`` (``-1``: no recovery
-by the horizon, or no dip).
+by the horizon, or no dip); a recovery can be transient (test accuracy falls back below later),
+so ``held_recovery_step`` is the first recorded step from which it stays back to the horizon
+(``-1``: below at the horizon, or no dip).
 """
 
 from __future__ import annotations
@@ -190,34 +192,6 @@ def clean_reference(res: pd.DataFrame, by: list[str], dyn: pd.DataFrame | None =
     return ref, runs, ref_dyn
 
 
-MIN_REFERENCE = 3  # noise-free runs below which a clean reference is said to rest on little
-
-
-def reference_notes(df: pd.DataFrame) -> list[str]:
-    """What a results table's clean references rest on, when it is little: runs judged against
-    the mean of fewer than :data:`MIN_REFERENCE` noise-free runs, or noise-free runs that had not
-    fitted their own labels at the horizon (their test accuracy, and so the reference, is of an
-    unfinished run: a noisy run beside it reads benign more easily)."""
-    if "reference_runs" not in df.columns or "noise_ratio" not in df.columns:
-        return []
-    clean = df["test_reference"].astype(str).to_numpy() == "clean"
-    noisy = df["noise_ratio"].to_numpy(float) > 0
-    judged = df[clean & noisy]
-    out = []
-    few = judged["reference_runs"].between(1, MIN_REFERENCE - 1)
-    if few.any():
-        out.append(f"note: {int(few.sum())} of {len(judged)} runs judged against the clean "
-                   f"reference have it from fewer than {MIN_REFERENCE} noise-free runs "
-                   "(column reference_runs); fix: more seeds (--seeds)")
-    base = df[clean & ~noisy & (df["status"].astype(str).to_numpy() == "ok")]
-    unfit = base["train_acc"].to_numpy(float) < _col(base, "train_acc_fit", 1.0) - TOL
-    if unfit.any() and len(judged):
-        out.append(f"note: {int(unfit.sum())} of {len(base)} noise-free runs had not fitted "
-                   "their own training labels at the horizon (train_acc < train_acc_fit), so "
-                   "the clean reference they give is of unfinished runs; fix: more steps")
-    return out
-
-
 def _col(df: pd.DataFrame, name: str, default: float) -> np.ndarray:
     # a table joined from models that lack the setting: their runs take its default
     return df[name].to_numpy(float, na_value=default) if name in df.columns else \
@@ -329,7 +303,8 @@ def regimes_over_time(dyn: pd.DataFrame, res: pd.DataFrame, reference=None) -> p
 
 def timeline(reg: pd.DataFrame, res: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per run from its regimes over time (:func:`regimes_over_time`):
-    ``first_benign_step``, ``dip_step``, ``dip_test_acc``, ``recovery_step`` (module docstring;
+    ``first_benign_step``, ``dip_step``, ``dip_test_acc``, ``recovery_step``,
+    ``held_recovery_step`` (module docstring;
     ``-1`` for never). ``res`` supplies each run's ``test_eps`` (default 0.05)."""
     d = reg.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
     run = d["run_id"].to_numpy()
@@ -364,4 +339,10 @@ def timeline(reg: pd.DataFrame, res: pd.DataFrame | None = None) -> pd.DataFrame
     back = first_where(after & good)
     out["recovery_step"] = np.where(dipped & (back < never), step[np.clip(back, 0, len(d) - 1)],
                                     -1)
+    # held: the row after the last one below the threshold, when the run ends above it
+    end = np.r_[start[1:], len(d)] if len(d) else start
+    last_bad = np.maximum.reduceat(np.where(after & ~good, idx, -1), start) if len(d) else idx
+    held = np.where(last_bad >= 0, last_bad + 1, back)  # no bad row after the dip: its recovery
+    ok = dipped & (back < never) & (held < end)
+    out["held_recovery_step"] = np.where(ok, step[np.clip(held, 0, max(len(d) - 1, 0))], -1)
     return out

@@ -101,14 +101,15 @@
       if (!bs.length) continue;
       const xs = bs.map((b) => toIndex(b.boundary, D.xs, log));
       out.push({type: "scatter", mode: "markers", name: `boundary ${words(between)} (95% CI)`,
-        x: xs, y: bs.map((b) => D.ys.indexOf(b.y)),
+        x: xs, y: bs.map((b) => (D.y ? D.ys.indexOf(b.y) : 0)),  // one axis: the one row
         error_x: {type: "data", symmetric: false, color: "#000", thickness: 1,
                   array: bs.map((b, i) => (b.hi === null ? D.xs.length - 0.5
                                            : toIndex(b.hi, D.xs, log)) - xs[i]),
                   arrayminus: bs.map((b, i) => xs[i] - (b.lo === null ? -0.5
                                                           : toIndex(b.lo, D.xs, log)))},
         marker: {symbol: symbols[between], color: "#000", size: 6},
-        text: bs.map((b) => `boundary ${words(between)} at ${label(D.y)} = ${fmt(b.y)}: ` +
+        text: bs.map((b) => `boundary ${words(between)}` +
+                      `${D.y ? ` at ${label(D.y)} = ${fmt(b.y)}` : ""}: ` +
                       `${fmt(b.boundary)} [${fmt(b.lo)}, ${fmt(b.hi)}] (${b.status}, ` +
                       `${b.n_seeds} seeds)`),
         hovertemplate: "%{text}<extra></extra>", showlegend: false,
@@ -285,16 +286,18 @@
     }
     const sliceCell = (b) => (D.facets.length ? `<td>${Object.entries(b.slice).map(([k, v]) =>
       `${label(k)} = ${fmt(v)}`).join(", ")}</td>` : "");
+    const yCell = (b) => (D.y ? `<td>${fmt(b.y)}</td>` : "");  // one axis: one slice
     const rows = D.boundaries.map((b) => `<tr><td>${words(b.between)}</td>${sliceCell(b)}` +
-      `<td>${fmt(b.y)}</td><td>${fmt(b.boundary)}</td><td>[${b.lo === null ? "unbounded" :
+      `${yCell(b)}<td>${fmt(b.boundary)}</td><td>[${b.lo === null ? "unbounded" :
         fmt(b.lo)}, ${b.hi === null ? "unbounded" : fmt(b.hi)}]</td>` +
       `<td>${b.status}</td><td>${b.n_seeds}</td></tr>`).join("");
-    el.innerHTML = `<p>Along ${label(D.x)}, one per ${label(D.y)}: the ${label(D.x)} where a ` +
-      `logistic fit over the runs of the two regimes crosses ½, its 95% interval a bootstrap ` +
-      `over seeds; runs still fitting their labels at the horizon are left apart, not counted ` +
-      `as either regime (computed in ${D.boundaries_s} s).</p><table><tr><th>between</th>` +
-      `${D.facets.length ? "<th>slice</th>" : ""}<th>${label(D.y)}</th><th>boundary</th><th>95% CI</th><th>status</th>` +
-      `<th>seeds</th></tr>${rows}</table>${left}`;
+    el.innerHTML = `<p>Along ${label(D.x)}${D.y ? `, one per ${label(D.y)}` : ""}: the ` +
+      `${label(D.x)} where a logistic fit over the runs of the two regimes crosses ½, its 95% ` +
+      `interval a bootstrap over seeds; runs still fitting their labels at the horizon are left ` +
+      `apart, not counted as either regime, and "seeds" counts the seeds with runs of either ` +
+      `(computed in ${D.boundaries_s} s).</p><table><tr><th>between</th>` +
+      `${D.facets.length ? "<th>slice</th>" : ""}${D.y ? `<th>${label(D.y)}</th>` : ""}` +
+      `<th>boundary</th><th>95% CI</th><th>status</th><th>seeds</th></tr>${rows}</table>${left}`;
   }
 
   document.getElementById("title").textContent = `phasebo report: ${D.name}`;

@@ -173,11 +173,11 @@ def _retarget(df, h: Mapping, kind: str, i: int, quiet: bool = False) -> tuple[s
         x, y = map_axes(axes)
         new = {**h, "x": x, "y": y}
     elif axes:  # the value against the longest axis left; the regime shares need it alone
-        shares = value == "regime" and len(axes) == 1 and not hue_of(h)
         # an axis the entry colours by stays its hue where another is left for x; if not, it
         # becomes x and leaves the hue (one column cannot be both)
         x = next((a for a in (still or axes) if a not in hue_of(h)), (still or axes)[0])
         hue = [c for c in hue_of(h) if c != x]
+        shares = value == "regime" and len(axes) == 1 and not hue
         new, kind = {"x": x, "value": value if value != "regime" or shares else "test_acc",
                      "where": h.get("where"), **({"hue": hue} if hue else {})}, "line"
     else:

@@ -184,8 +184,10 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
     line per pair on the slices with both regimes that were not placed (the page says so)."""
     from .boundaries import boundaries
 
-    if y is None or runs[x].nunique() < 3 or not pd.api.types.is_numeric_dtype(runs[x]):
+    if runs[x].nunique() < 3 or not pd.api.types.is_numeric_dtype(runs[x]):
         return [], []
+    if y is None:  # a sweep of one axis: the whole sweep is its one slice
+        y, runs = "_whole", runs.assign(_whole=0)
     out, left = [], []
     for a, b in PAIRS:
         have = set(runs["regime"].astype(str))
@@ -205,7 +207,7 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
                 for s, k in missed.value_counts().items()))
         t = t[found]
         for _, r in t.iterrows():
-            out.append({"between": f"{a} / {b}", "y": _key(r[y]),
+            out.append({"between": f"{a} / {b}", "y": None if y == "_whole" else _key(r[y]),
                         "slice": {f: _key(r[f]) for f in facets},
                         # a lower end at or below 0 on a positive axis is no bound
                         "boundary": _r(r["boundary"]),

@@ -57,7 +57,8 @@ LABEL_COLUMNS = ("status", "regime")
 GROUPS = ("settings", "run", "derived", "keys", "labels", "metrics")
 GROUPS_KEY = b"phasebo.column_groups"  # Parquet metadata: {group: [column, ...]} as JSON
 INT_COLUMNS = ("run_id", "seed", "n_noisy", "noisy_fit_step", "all_fit_step", "diverge_step",
-               "first_benign_step", "dip_step", "recovery_step", "converged_step",
+               "first_benign_step", "dip_step", "recovery_step", "held_recovery_step",
+               "converged_step",
                "solver_steps")
 
 
@@ -89,7 +90,8 @@ def apply_schema(df: pd.DataFrame, models=None, engines=None) -> pd.DataFrame:
     return df
 
 
-TIMELINE = ("first_benign_step", "dip_step", "dip_test_acc", "recovery_step")
+TIMELINE = ("first_benign_step", "dip_step", "dip_test_acc", "recovery_step",
+            "held_recovery_step")
 
 
 def column_groups(columns, settings) -> dict[str, list[str]]:

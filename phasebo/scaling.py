@@ -136,7 +136,8 @@ def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
            "status": "too_few_slices",
            "n_seeds_min": int(usable["n_seeds"].min()) if len(usable) and "n_seeds" in usable
            else 0, "horizon": horizon_text(b).removeprefix(" at "),
-           "fitting": str(b["fitting"].iloc[0]) if len(b) and "fitting" in b.columns else ""}
+           "fitting": str(b["fitting"].iloc[0]) if len(b) and "fitting" in b.columns else "",
+           "n_boot": int(b["n_boot"].iloc[0]) if len(b) and "n_boot" in b.columns else 0}
     if len(usable) < MIN_FIT_POINTS:
         return row
     fit = fit_power_law(usable, y)
@@ -230,7 +231,9 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
     rule = f" ({how})" if how else ""
     level = float(b["ci_level"].iloc[0]) if "ci_level" in b.columns and len(b) else 0.95
     reps = f" ({int(b['n_boot'].iloc[0])} replicates)" if "n_boot" in b.columns and len(b) else ""
-    fit_how = f"logistic fit per slice, {level:.0%} bootstrap over seeds{reps}"
+    crossing = "=" in str(b["between"].iloc[0]) if "between" in b.columns and len(b) else False
+    fit_how = (f"{'seed-mean crossing' if crossing else 'logistic fit'} per slice, {level:.0%} "
+               f"bootstrap over seeds{reps}")
     if STEP in b.columns:
         k = b[STEP].nunique()
         lines = [f"boundary {b['between'].iloc[0]} along {x} per {y}{rule}, {seeds_text(b)}, "

@@ -222,6 +222,7 @@ def _stopped(out_dir: Path, spec, prov: dict, t_start: float, done) -> None:
     prov.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), interrupted=True,
                 wall_s=round(time.time() - t_start, 3), new_runs=done.n_new if done else 0,
                 compile_s=round(done.compile_s if done else 0.0, 3),
+                setup_s=round(done.setup_s if done else 0.0, 3),
                 compile_beside_s=round(done.compile_beside_s if done else 0.0, 3),
                 run_s=round(done.run_s if done else 0.0, 3))
     write_manifest(out_dir, spec, prov)

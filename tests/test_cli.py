@@ -593,3 +593,19 @@ def test_a_closed_output_pipe_ends_quietly(module, tmp_path):
     finally:
         os.close(w)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_boundaries_of_runs_in_neither_regime_say_what_the_runs_are(tmp_path, capsys):
+    """No flipped label, so no run is benign or harmful: the command says what the runs are and
+    how to ask for regimes they have, instead of only 'too_few' slices."""
+    from phasebo.cli import run
+    from phasebo.config import spec_from_dict
+    from phasebo.sweep import run_sweep
+
+    spec = spec_from_dict({"n": 12, "n_test": 64, "T": 6, "d": 48, "steps": 5, "noise_ratio": 0.0},
+                          {"signal_norm": [1.0, 3.0, 9.0]}, seeds=2, name="clean")
+    run_sweep(spec, tmp_path / "c", quiet=True, plots=False)
+    capsys.readouterr()
+    assert run(["boundaries", str(tmp_path / "c"), "--y", "d", "--no-plots"]) == 0
+    assert "no run is benign or harmful: no_noise 6 runs; fix: --between two regimes the runs " \
+        "have" in capsys.readouterr().out

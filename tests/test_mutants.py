@@ -221,7 +221,8 @@ def test_empty_tables_give_empty_results():
     assert len(reg) == 0 and "regime" in reg.columns
     tl = timeline(reg)
     assert len(tl) == 0 and list(tl.columns) == ["run_id", "first_benign_step", "dip_step",
-                                                 "dip_test_acc", "recovery_step"]
+                                                 "dip_test_acc", "recovery_step",
+                                                 "held_recovery_step"]
 
 
 def _timeline_table(runs):

@@ -27,7 +27,7 @@ def test_many_rounded_flip_counts_at_one_n_share_one_note():
     assert note == ("note: 5 noise_ratio values at n = 20 flip a rounded number of labels "
                     "(fixed_count: ceil(n r)), so their effective ratio is that number / 20 "
                     "(e.g. 0.01 flips 1); values that round to the same number draw runs of the "
-                    "same distribution (0.01 to 0.04 all flip 1)")
+                    "same distribution (0.01 to 0.05 all flip 1)")
     few = phasebo.spec_from_dict({"n": 20, "label_noise": "fixed_count"},
                                  {"noise_ratio": [0.01, 0.06, 0.2]})
     assert len(label_noise_notes(few)) == 2  # one by one: 0.01 and 0.06 (0.2 flips 4 exactly)
@@ -77,8 +77,9 @@ def test_a_plot_where_value_that_set_leaves_out_is_noted_before_the_runs(tmp_pat
                  'lines = [{ x = "d", value = "test_acc", where = { n = 40 } }]\n')
     assert plot_where_notes(load_sweep(f)) == []
     assert plot_where_notes(load_sweep(f, parse_set(["n=[20, 30]"]))) == [
-        "note: [plot] lines #1: where n = 40 selects no run now that --set leaves n = 20, 30: "
-        "that figure will be skipped (fix: --set n to include it, or --no-plots)"]
+        "note: [plot] lines #1: where n = 40 selects no run now that the overrides (--set) "
+        "leave n = 20, 30: that figure will be skipped (fix: override n to include it, or draw "
+        "no figures)"]
     assert main([str(f), "--set", "n=30", "--dry-run", "--out", str(tmp_path / "o")]) == 0
     said = capsys.readouterr().out
     assert "[plot] heatmaps #1: where n = 20 selects no run" in said

@@ -135,3 +135,10 @@ def test_an_lr_axis_of_a_flow_is_refused_before_anything_runs():
     # GD against a flow over lr: the GD cells need the axis
     P.plan(spec_from_dict({"n": 8, "d": 40}, {"lr": [0.01, 0.02]}, cases=[
         {"dynamics": "gd", "steps": 5}, {"dynamics": "flow", "flow_time": 5.0}]))
+
+
+def test_the_dry_run_gives_the_memory_budget_per_device_as_its_refusals_do(tmp_path):
+    """A block too large for one device is refused against the budget per device; the dry run
+    gives that figure beside the whole budget, so the two never seem to disagree."""
+    pl = P.plan(spec_from_dict({"d": 300}, name="m"), n_devices=2, memory_budget=8 * 2**30)
+    assert "memory budget 8.0 GiB (4 GiB per device)" in P.describe(pl, tmp_path)

@@ -345,6 +345,12 @@ def test_titles_name_the_weight_decay_and_the_dynamics_only_when_they_apply():
     assert settings_text(limit) == "single_head, n 50, converged limit, weight decay 0.01"
     gd = limit.assign(dynamics="gd", weight_decay=0.0)
     assert settings_text(gd) == "single_head, n 50, lr 0.01, 100 steps"
+    # a flow's map at a recorded step gives that step's time beside the horizon's (it gave the
+    # horizon's alone: "step 1000 of 1000000, gradient flow, τ 5000")
+    flow = gd.assign(dynamics="flow", steps=10**6, flow_time=5000.0, lr=0.005, step=1000,
+                     time=5.0)
+    assert settings_text(flow).replace("\n", " ") == (
+        "single_head, n 50, lr 0.005, step 1000 (τ 5) of 1000000 (τ 5000), gradient flow")
 
 
 def test_every_regime_colour_shows_on_white_and_apart_from_cells_without_a_value():

@@ -159,6 +159,24 @@ def test_timeline_first_benign_dip_and_recovery_steps():
     assert tl.loc[3, "dip_step"] == 1 and tl.loc[3, "recovery_step"] == -1  # never dipped
 
 
+def test_a_recovery_that_does_not_hold_has_no_held_recovery_step():
+    """Run 2 recovers at 200 and stays (held at 200 too); the same run falling back below at
+    500 and back again at 1000 holds from 1000; one that ends below holds nowhere (-1), though
+    its first recovery is still its recovery_step."""
+    dyn, res = planted_dynamics()
+    tl = timeline(regimes_over_time(dyn, res), res).set_index("run_id")
+    assert tl.loc[2, "held_recovery_step"] == 200 and tl.loc[1, "held_recovery_step"] == -1
+    assert tl.loc[3, "held_recovery_step"] == -1  # never dipped
+    two = dyn["run_id"] == 2
+    relapse = dyn.assign(test_acc=np.where(two & (dyn["step"] == 500), 0.8, dyn["test_acc"]))
+    tl = timeline(regimes_over_time(relapse, res), res).set_index("run_id")
+    assert (tl.loc[2, "recovery_step"], tl.loc[2, "held_recovery_step"]) == (200, 1000)
+    ends = relapse.assign(test_acc=np.where(two & (relapse["step"] == 1000), 0.8,
+                                            relapse["test_acc"]))
+    tl = timeline(regimes_over_time(ends, res), res).set_index("run_id")
+    assert (tl.loc[2, "recovery_step"], tl.loc[2, "held_recovery_step"]) == (200, -1)
+
+
 def test_recovery_needs_the_run_threshold():
     dyn, res = planted_dynamics()
     strict = res.assign(test_eps=0.01)  # 0.97 is not back within 0.01

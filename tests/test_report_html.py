@@ -216,3 +216,23 @@ def test_reports_of_every_sweep_shape(tmp_path):
     assert report_data(tmp_path / "models")["mode"] == "cases"
     assert report_data(tmp_path / "bool")["xs"] in (["false", "true"], [1.0, 9.0])
     assert set(report_data(tmp_path / "none")["dynamics"]) == {"0"}  # clickable: its one cell
+
+
+def test_a_sweep_of_one_axis_shows_its_boundary(tmp_path, page_of):
+    """One axis: the whole sweep is the boundary's one slice. The page said "no boundary found"
+    (its boundaries needed a second axis) where `phasebo boundaries` placed one; it now lists
+    and draws it, and the browser shows no error."""
+    spec = pb.spec_from_dict({"n": 20, "T": 8, "d": 1000, "n_test": 200, "steps": 1000,
+                              "record_log": 8}, {"signal_norm": [2.0, 3.0, 5.0, 7.5, 10.0]},
+                             seeds=3, name="one")  # harmful to 5, benign from 7.5
+    run_sweep(spec, tmp_path / "o", quiet=True)
+    data = report_data(tmp_path / "o")
+    runs = pb.load(tmp_path / "o")
+    want = {f"{a} / {b}" for a, b in (("benign", "harmful"), ("benign", "not_overfitting"))
+            if len(pb.boundaries(runs.assign(one=0), "signal_norm", "one", (a, b))
+                   .query("status in ['ok', 'unresolved', 'separated']"))}
+    assert want and {b["between"] for b in data["boundaries"]} == want
+    assert all(b["y"] is None for b in data["boundaries"])
+    page = page_of(tmp_path / "o" / "report.html")
+    assert "no boundary found" not in page.inner_text("#bounds")
+    assert page.errors == []

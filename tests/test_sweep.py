@@ -501,3 +501,4 @@ def test_zero_steps_of_gradient_descent_are_refused():
         with pytest.raises(ConfigError, match="steps = 0 trains nothing"):
             spec_from_dict({"model": model, "steps": 0})
     assert spec_from_dict({"steps": 1}).fixed["steps"] == 1
+

@@ -182,7 +182,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
 
     from ..analysis import load
     from ..boundaries import FITTING_RULES, MIN_BOOT, boundaries, count_fitting
-    from ..scaling import exponents_over_steps, power_law_row, summary
+    from ..scaling import power_law_row, summary
     from ..settings import ConfigError
     from .args import Parser, at_least, figure_formats, out_dir
 
@@ -275,8 +275,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         key = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         if one_step:
             rows.append({**key, **power_law_row(g, args.x, args.y)})
-        else:
-            rows += [{**key, **r} for r in exponents_over_steps(g, args.y).to_dict("records")]
+        else:  # the same row, one per recorded step
+            rows += [{**key, "step": int(st), **power_law_row(gs, args.x, args.y)}
+                     for st, gs in g.groupby("step", sort=True)]
     pd.DataFrame(rows).to_csv(out / f"{stem}_fit.csv", index=False)
     if not args.no_plots:
         from ..plot import boundary_figure, boundary_trajectory, save
