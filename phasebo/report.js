@@ -48,7 +48,9 @@
     for (const m of D.metrics) {
       const mean = f[`${m}_mean`];
       if (!mean || mean[j] === null) continue;
-      lines.push(`${label(m)}: ${fmt(mean[j])} ± ${fmt(f[`${m}_se`][j])}`);
+      const se = f[`${m}_se`][j];  // the standard error over seeds: two digits say it
+      lines.push(`${label(m)}: ${fmt(mean[j])} ± ${se === null ? "–" : Number(se).toPrecision(2)}` +
+                 " (SE)");
     }
     lines.push(`<i>${D.frames[state.frame].label}; ${D.settings}</i>`);
     return lines.join("<br>");

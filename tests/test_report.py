@@ -367,3 +367,8 @@ def test_a_line_whose_x_is_fixed_is_drawn_against_its_hue_axis(tmp_path, capsys)
                         "seed": 0})
     assert R._retarget(two, lines["lines"][0], "line", 0, quiet=True) == \
         ("line", {"x": "d", "value": "test_acc", "where": None, "hue": ["noise_ratio"]})
+    # the regime, coloured by the axis that becomes x: drawn as regime shares (no hue left)
+    one = two[two["d"] == 48]
+    shares = {"x": "n", "value": "regime", "hue": ["noise_ratio"]}
+    assert R._retarget(one, shares, "line", 0, quiet=True) == \
+        ("line", {"x": "noise_ratio", "value": "regime", "where": None})
