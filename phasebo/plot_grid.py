@@ -335,7 +335,9 @@ def _overlay(ax, theory: Theory | None, xe, logx, ye):
 def iso_snr_overlay(kappas: Sequence[float] = (0.1, 4.0, 200.0), n: float = 20,
                     sigma_eps: float = 1.0) -> dict:
     """Theory curves for a (x = ‖μ‖, y = d) map: ``d = n ‖μ‖² / (κ σ²)`` for each κ."""
-    return {f"n·SNR² = {k:g}": (lambda x, k=k: TH.iso_snr_d(x, k, n, sigma_eps)) for k in kappas}
+    # the legend spells SNR out: n·SNR² = n ‖μ‖² / (σ² d), phasebo's reading of the theory
+    return {f"n‖μ‖²/(σ²d) = {k:g}": (lambda x, k=k: TH.iso_snr_d(x, k, n, sigma_eps))
+            for k in kappas}
 
 
 def magen_overlay(c: float = 1.0, x: str = "n") -> dict:

@@ -264,7 +264,7 @@ def test_small_grids_keep_positive_axes_positive_and_legends_honest():
     assert ax.get_xlim()[0] > 0  # a 1 x 2 grid: no edge at negative ||mu||
     # n SNR^2 = 0.1 at d = 1000 is ||mu|| = 2.2: outside this map, so not in the legend either
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["n·SNR² = 4"]
+    assert labels == ["n‖μ‖²/(σ²d) = 4"]
     assert len(ax.get_lines()) == 1
     P.plt.close(fig)
 
