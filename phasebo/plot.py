@@ -216,9 +216,12 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     cats = present_regimes(np.concatenate([c["regime"].astype(str).to_numpy()
                                            for c in cells.values()]))
     fig, axs, cax = _panel_grid(len(steps), ncols if len(steps) != 4 else 2)
+    flow = "dynamics" in sel.columns and (sel["dynamics"].astype(str) == "flow").all() \
+        and "time" in sel.columns  # a flow's panels give their flow time too
+    tau = sel.groupby("step")["time"].first() if flow else None
     for ax, s in zip(axs.flat, steps):
         regime_map(cells[s], x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
-                   title=f"step {s}")
+                   title=f"step {s}" + (f" (τ {_num(tau[s])})" if flow else ""))
     _figure_legend(fig, axs)
     regime_colorbar(fig, axs.flat[0].collections[0], cats, None, cax=cax)
     seeds = _seed_text(next(iter(cells.values())))

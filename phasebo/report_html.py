@@ -280,12 +280,19 @@ def report_data(results_dir, notes: bool = True) -> dict:
         steps = steps[_thin(steps, MAX_FRAMES - 1)] if len(steps) else steps
         agg = A.aggregate(A.at_step(dyn, steps.tolist()), by=keys or None, metrics=dm) \
             if len(steps) else None
+        flow = "time" in dyn.columns and "dynamics" in dyn.columns and \
+            (dyn["dynamics"].astype(str) == "flow").all()  # its steps count lr: say the time
+        tau = dyn.groupby("step")["time"].first() if flow else None
         for s_ in steps:
-            frames.append({"label": f"step {int(s_)}", "step": int(s_),
-                           **_frame(agg[agg["step"] == s_], keys, index, dm)})
+            frames.append({"label": f"step {int(s_)}" + (f" (τ {tau[s_]:g})" if flow else ""),
+                           "step": int(s_), **_frame(agg[agg["step"] == s_], keys, index, dm)})
     limit = "dynamics" in runs.columns and (runs["dynamics"].astype(str) == "limit").all()
+    end = runs["flow_time"].iloc[0] if "flow_time" in runs.columns and "dynamics" in runs.columns \
+        and (runs["dynamics"].astype(str) == "flow").all() and runs["flow_time"].nunique() == 1 \
+        else None  # a flow's horizon in flow time
     last = "the converged limit" if limit else \
-        f"step {horizon} (horizon)" if horizon is not None else "horizon"
+        f"step {horizon} ({'' if end is None else f'τ {end:g}, '}horizon)" if horizon is not None \
+        else "horizon"
     frames.append({"label": last, "step": horizon, **_frame(final, keys, index, metrics)})
     xs = _values(runs[x]) if x else []
     ys = _values(runs[y]) if y else []

@@ -444,3 +444,14 @@ def test_panels_are_named_by_the_axis_that_tells_them_apart_once():
     titles = sorted(a.get_title() for a in np.ravel(axs) if a.get_title())
     assert titles == ["dynamics = flow", "dynamics = gd"]
     P.plt.close(fig)
+
+
+def test_a_flows_regime_maps_over_time_give_each_panels_flow_time():
+    """A flow's recorded steps are GD-equivalent steps of lr: each panel says its flow time too
+    (the figure's settings give only the horizon's)."""
+    rows = [{"signal_norm": m, "d": d, "seed": 0, "status": "ok", "step": s, "time": s * 0.005,
+             "dynamics": "flow", "regime": "benign", "test_acc": 1.0}
+            for m in (1.0, 3.0) for d in (100, 300) for s in (0, 1000, 10000)]
+    fig, axs = P.regime_maps_over_time(pd.DataFrame(rows), "signal_norm", "d", steps=[1000, 10000])
+    assert [ax.get_title() for ax in axs.flat[:2]] == ["step 1000 (τ 5)", "step 10000 (τ 50)"]
+    P.plt.close(fig)

@@ -236,3 +236,14 @@ def test_a_sweep_of_one_axis_shows_its_boundary(tmp_path, page_of):
     page = page_of(tmp_path / "o" / "report.html")
     assert "no boundary found" not in page.inner_text("#bounds")
     assert page.errors == []
+
+
+def test_a_flows_slider_gives_each_steps_flow_time(tmp_path):
+    """A flow's recorded steps count GD-equivalent steps of lr: the slider's labels give the
+    flow time too, the horizon's included."""
+    base = {k: v for k, v in BASE.items() if k != "steps"}
+    spec = pb.spec_from_dict({**base, "dynamics": "flow", "flow_time": 2.0, "record_log": 4},
+                             {"signal_norm": [1.0, 9.0]}, seeds=1, name="fl")
+    run_sweep(spec, tmp_path / "f", quiet=True, plots=False)
+    labels = [f["label"] for f in report_data(tmp_path / "f")["frames"]]
+    assert labels[-1] == "step 40 (τ 2, horizon)" and labels[0] == "step 0 (τ 0)", labels
