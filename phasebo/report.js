@@ -292,14 +292,15 @@
     const rows = D.boundaries.map((b) => `<tr><td>${words(b.between)}</td>${sliceCell(b)}` +
       `${yCell(b)}<td>${fmt(b.boundary)}</td><td>[${b.lo === null ? "unbounded" :
         fmt(b.lo)}, ${b.hi === null ? "unbounded" : fmt(b.hi)}]</td>` +
-      `<td>${b.status}</td><td>${b.n_seeds}</td></tr>`).join("");
+      `<td>${b.status}</td><td>${b.n_seeds}</td><td>${b.n_other}</td></tr>`).join("");
     el.innerHTML = `<p>Along ${label(D.x)}${D.y ? `, one per ${label(D.y)}` : ""}: the ` +
       `${label(D.x)} where a logistic fit over the runs of the two regimes crosses ½, its 95% ` +
       `interval a bootstrap over seeds; runs still fitting their labels at the horizon are left ` +
       `apart, not counted as either regime, and "seeds" counts the seeds with runs of either ` +
       `(computed in ${D.boundaries_s} s).</p><table><tr><th>between</th>` +
       `${D.facets.length ? "<th>slice</th>" : ""}${D.y ? `<th>${label(D.y)}</th>` : ""}` +
-      `<th>boundary</th><th>95% CI</th><th>status</th><th>seeds</th></tr>${rows}</table>${left}`;
+      `<th>boundary</th><th>95% CI</th><th>status</th><th>seeds</th>` +
+      `<th>runs of neither (left apart)</th></tr>${rows}</table>${left}`;
   }
 
   document.getElementById("title").textContent = `phasebo report: ${D.name}`;

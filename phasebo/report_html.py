@@ -213,7 +213,8 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
                         "boundary": _r(r["boundary"]),
                         "lo": _r(r["lo"]) if r["lo"] > 0 or runs[x].min() <= 0 else None,
                         "hi": _r(r["hi"]),
-                        "status": str(r["status"]), "n_seeds": int(r["n_seeds"])})
+                        "status": str(r["status"]), "n_seeds": int(r["n_seeds"]),
+                        "n_other": int(r["n_other"])})  # runs of neither: left apart
     return out, left
 
 

@@ -233,6 +233,10 @@ def test_a_sweep_of_one_axis_shows_its_boundary(tmp_path, page_of):
                    .query("status in ['ok', 'unresolved', 'separated']"))}
     assert want and {b["between"] for b in data["boundaries"]} == want
     assert all(b["y"] is None for b in data["boundaries"])
+    # each row says how many runs of the slice were of neither regime (left out of the fit)
+    apart = pb.boundaries(runs.assign(one=0), "signal_norm", "one", ("benign", "harmful"))
+    assert [b["n_other"] for b in data["boundaries"] if b["between"] == "benign / harmful"] == \
+        apart["n_other"].tolist()
     page = page_of(tmp_path / "o" / "report.html")
     assert "no boundary found" not in page.inner_text("#bounds")
     assert page.errors == []
