@@ -217,7 +217,8 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
                                            for c in cells.values()]))
     fig, axs, cax = _panel_grid(len(steps), ncols if len(steps) != 4 else 2)
     flow = "dynamics" in sel.columns and (sel["dynamics"].astype(str) == "flow").all() \
-        and "time" in sel.columns  # a flow's panels give their flow time too
+        and "time" in sel.columns and sel.groupby("step")["time"].nunique(dropna=False).max() == 1
+    # a flow's panels give their flow time too (one per step: cases of another lr would not)
     tau = sel.groupby("step")["time"].first() if flow else None
     for ax, s in zip(axs.flat, steps):
         regime_map(cells[s], x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
@@ -253,7 +254,7 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
         if g.empty:
             continue
         # slices dodged a little along the log step axis: equal boundaries would hide each other
-        st = g["step"].to_numpy(float) * 1.06 ** (i - (len(vals) - 1) / 2)
+        st = g["step"].to_numpy(float) * 1.15 ** ((i - (len(vals) - 1) / 2) / max(len(vals) - 1, 1))
         bx = g["boundary"].to_numpy(float)
         err = np.vstack([bx - g["lo"].to_numpy(float), g["hi"].to_numpy(float) - bx])
         ax.errorbar(st, bx, yerr=err, fmt="-o", ms=3, capsize=2, lw=1.2,

@@ -44,7 +44,7 @@ first recorded step at which it is benign, the step of its lowest test accuracy 
 below ``A - test_eps`` at which test accuracy is back at ``>= A - test_eps`` (``-1``: no recovery
 by the horizon, or no dip); a recovery can be transient (test accuracy falls back below later),
 so ``held_recovery_step`` is the first recorded step from which it stays back to the horizon
-(``-1``: below at the horizon, or no dip).
+(``-1``: not back at the horizon, below or without a value, or no dip).
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@
       const mean = f[`${m}_mean`];
       if (!mean || mean[j] === null) continue;
       const se = f[`${m}_se`][j];  // the standard error over seeds: two digits say it
-      lines.push(`${label(m)}: ${fmt(mean[j])} ± ${se === null ? "–" : Number(se).toPrecision(2)}` +
-                 " (SE)");
+      lines.push(`${label(m)}: ${fmt(mean[j])} ± ` +
+                 `${se === null ? "–" : String(Number(Number(se).toPrecision(2)))} (SE)`);
     }
     lines.push(`<i>${D.frames[state.frame].label}; ${D.settings}</i>`);
     return lines.join("<br>");

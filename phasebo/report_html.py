@@ -33,7 +33,7 @@ import pandas as pd
 
 from . import analysis as A
 from .plot_grid import facet_slices, is_grid, settings_text, slice_text
-from .plot_style import REGIME_COLORS, ROLE_LABELS, _label
+from .plot_style import REGIME_COLORS, ROLE_LABELS, _label, _num
 from .regimes import REGIMES
 from .report import pq_columns, tiling_axes
 
@@ -281,18 +281,20 @@ def report_data(results_dir, notes: bool = True) -> dict:
         steps = steps[_thin(steps, MAX_FRAMES - 1)] if len(steps) else steps
         agg = A.aggregate(A.at_step(dyn, steps.tolist()), by=keys or None, metrics=dm) \
             if len(steps) else None
+        # a flow's steps count lr: say the time too (where every run at a step has one time)
         flow = "time" in dyn.columns and "dynamics" in dyn.columns and \
-            (dyn["dynamics"].astype(str) == "flow").all()  # its steps count lr: say the time
+            (dyn["dynamics"].astype(str) == "flow").all() and \
+            dyn.groupby("step")["time"].nunique(dropna=False).max() == 1
         tau = dyn.groupby("step")["time"].first() if flow else None
         for s_ in steps:
-            frames.append({"label": f"step {int(s_)}" + (f" (τ {tau[s_]:g})" if flow else ""),
+            frames.append({"label": f"step {int(s_)}" + (f" (τ {_num(tau[s_])})" if flow else ""),
                            "step": int(s_), **_frame(agg[agg["step"] == s_], keys, index, dm)})
     limit = "dynamics" in runs.columns and (runs["dynamics"].astype(str) == "limit").all()
     end = runs["flow_time"].iloc[0] if "flow_time" in runs.columns and "dynamics" in runs.columns \
         and (runs["dynamics"].astype(str) == "flow").all() and runs["flow_time"].nunique() == 1 \
         else None  # a flow's horizon in flow time
     last = "the converged limit" if limit else \
-        f"step {horizon} ({'' if end is None else f'τ {end:g}, '}horizon)" if horizon is not None \
+        f"step {horizon} ({'' if end is None else f'τ {_num(end)}, '}horizon)" if horizon is not None \
         else "horizon"
     frames.append({"label": last, "step": horizon, **_frame(final, keys, index, metrics)})
     xs = _values(runs[x]) if x else []

@@ -14,7 +14,7 @@ from .regimes import TOL
 def finished_lines(name: str, df: pd.DataFrame, stats, pl, out_dir: Path, t_write: float,
                    wall: float, report_txt: str = "") -> list[str]:
     """The summary line of sweep ``name`` (its tables ``df``, the executor's ``stats``, its plan
-    ``pl``), then its notes on the clean references (:func:`phasebo.regimes.reference_notes`)."""
+    ``pl``), then its notes on the clean references (:func:`reference_notes`)."""
     n_div = int((df["status"] == "diverged").sum())
     counts = df["regime"].value_counts()
     regimes = ", ".join(f"{k} {v}" for k, v in counts.items() if v)

@@ -394,3 +394,25 @@ def test_enable_compilation_cache_keeps_programs_under_phasebo_cache_unless_one_
     finally:
         jax.config.update("jax_compilation_cache_dir", old[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+
+
+def test_the_stop_message_names_sigterm_only_where_the_command_line_stops_on_it(capsys):
+    """The command line turns SIGTERM into the Ctrl-C stop (cli.sweep.SigtermAsSigint), and its
+    message says a second one stops at once; from Python SIGTERM is not caught, and the message
+    names Ctrl-C alone."""
+    import signal
+
+    from phasebo.cli.sweep import SigtermAsSigint
+    from phasebo.execute import _interruptible
+
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        for term, words in ((signal.SIG_DFL, "(Ctrl-C again: at once;"),
+                            (SigtermAsSigint(), "(Ctrl-C or SIGTERM again: at once;")):
+            signal.signal(signal.SIGTERM, term)
+            with _interruptible() as state:
+                state.computing = state.saving = True
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # the first Ctrl-C
+            assert state.stop and words in capsys.readouterr().err
+    finally:
+        signal.signal(signal.SIGTERM, old)

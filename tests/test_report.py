@@ -295,7 +295,9 @@ def test_the_fit_verdict_at_one_recorded_step(three_axes, tmp_path):
     stem = "boundaries_benign_harmful_along_signal_norm_per_noise_ratio_by_lr_steps_all"
     table, fit = pd.read_csv(tmp_path / f"{stem}.csv"), pd.read_csv(tmp_path / f"{stem}_fit.csv")
     assert len(fit) == table.groupby(["lr", "step"]).ngroups
-    assert {"lr", "step", "exponent", "status"} <= set(fit.columns)
+    # the one-step fit's row at each step: its horizon, estimator and replicates say what it is
+    assert {"lr", "step", "exponent", "status", "n_boot", "horizon", "fitting", "n_points",
+            "theory_exponent"} <= set(fit.columns) and (fit["n_boot"] == 100).all()
 
 
 def test_a_fit_through_grid_gaps_only_is_grid_limited():
