@@ -197,15 +197,18 @@ def log_spaced_steps(steps, k: int = 4, decades: float = 2.0) -> list[int]:
 def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d",
                           steps: Sequence[int] | None = None, where: Mapping | None = None,
                           theory: Theory | None = None, ncols: int = 3, title: str | None = None):
-    """Small multiples of the regime map at recorded steps (the regime at every recorded step,
-    :func:`phasebo.regimes.regimes_over_time`), one shared colour key.
-
-    ``dyn``: a dynamics table with its settings (``pb.load(path, "dynamics")``); ``steps``:
-    the recorded steps to draw (default: four, log-spaced over the two decades before the
-    horizon, the horizon last).
+    """Small multiples of the regime map at recorded steps (:func:`phasebo.regimes.regimes_over_time`),
+    one shared colour key. ``dyn``: a dynamics table with its settings (``pb.load(path,
+    "dynamics")``); ``steps``: the recorded steps to draw (default: four, log-spaced over the two
+    decades before the horizon, three for a flow, the horizon last).
     """
     dyn = A.select(dyn, where)
-    steps = log_spaced_steps(dyn["step"]) if steps is None else list(steps)
+    flow = "dynamics" in dyn.columns and (dyn["dynamics"].astype(str) == "flow").all() \
+        and "time" in dyn.columns and dyn.groupby("step")["time"].nunique(dropna=False).max() == 1
+    # a flow (one time per step: not cases of other lr): a panel per decade of τ over the last
+    # three (τ 5 .. 5000 to 5000), each titled with its τ
+    steps = log_spaced_steps(dyn["step"], decades=3.0 if flow else 2.0) if steps is None \
+        else list(steps)
     sel = A.at_step(dyn, steps)
     others = A.other_axes(sel, x, y)
     if others:
@@ -216,9 +219,6 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     cats = present_regimes(np.concatenate([c["regime"].astype(str).to_numpy()
                                            for c in cells.values()]))
     fig, axs, cax = _panel_grid(len(steps), ncols if len(steps) != 4 else 2)
-    flow = "dynamics" in sel.columns and (sel["dynamics"].astype(str) == "flow").all() \
-        and "time" in sel.columns and sel.groupby("step")["time"].nunique(dropna=False).max() == 1
-    # a flow's panels give their flow time too (one per step: cases of another lr would not)
     tau = sel.groupby("step")["time"].first() if flow else None
     for ax, s in zip(axs.flat, steps):
         regime_map(cells[s], x, y, ax=ax, theory=theory, categories=cats, colorbar=False,

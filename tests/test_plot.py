@@ -455,3 +455,13 @@ def test_a_flows_regime_maps_over_time_give_each_panels_flow_time():
     fig, axs = P.regime_maps_over_time(pd.DataFrame(rows), "signal_norm", "d", steps=[1000, 10000])
     assert [ax.get_title() for ax in axs.flat[:2]] == ["step 1000 (τ 5)", "step 10000 (τ 50)"]
     P.plt.close(fig)
+    # by default a panel per decade of τ over the last three (GD: two decades of steps)
+    cells = [r for r in rows if r["step"] == 0]  # one row per (signal_norm, d)
+    many = pd.DataFrame([{**r, "step": s, "time": s * 0.005} for r in cells
+                         for s in (0, 10, 100, 1000, 10**4, 10**5, 10**6)])
+    fig, _ = P.regime_maps_over_time(many, "signal_norm", "d")
+    assert fig.regime_steps == [1000, 10**4, 10**5, 10**6]
+    P.plt.close(fig)
+    fig, _ = P.regime_maps_over_time(many.assign(dynamics="gd"), "signal_norm", "d")
+    assert fig.regime_steps[0] == 10**4 and fig.regime_steps[-1] == 10**6
+    P.plt.close(fig)
