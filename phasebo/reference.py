@@ -57,9 +57,9 @@ def make_reference(out_dir: Path = REFERENCE_DIR, runs_dir: Path = REFERENCE_RUN
                              (s3w, "s3_regime_map_official", "W and p trained (official code)")):
         df = run_sweep(spec, runs_dir / spec.name, quiet=quiet, plots=False, overwrite=True)
         fig, ax = regime_map(df, theory=default_theory(df, "signal_norm", "d"))
-        ax.set_title(f"prompt attention, {what}; n = 20, r = 0.2, 1000 GD steps\n"
-                     f"regime ({_seed_text(A.aggregate(df, by=['d', 'signal_norm']))})",
-                     fontsize=10)
+        # three short lines: a map's title is as wide as the map, and one long line ran off it
+        ax.set_title(f"prompt attention, {what}\nn = 20, r = 0.2, 1000 GD steps; regime "
+                     f"({_seed_text(A.aggregate(df, by=['d', 'signal_norm']))})", fontsize=10)
         paths += save(fig, out_dir / name, dpi=90)
         if spec is s3:
             fig, ax = value_map(df, "test_loss", theory=default_theory(df, "signal_norm", "d"))

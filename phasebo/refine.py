@@ -286,7 +286,10 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
         tables, log = [], []
         cur = spec
         for rnd in range(r.rounds + 1):
-            df = run_sweep(cur, out_dir / f"round-{rnd}", quiet=quiet, plots=False, **run_kw)
+            # round 0 is the sweep's own grid: its [plot] figures and report; a later round's
+            # points do not tile a map (the refined map with its boundary is drawn below)
+            df = run_sweep(cur, out_dir / f"round-{rnd}", quiet=quiet, plots=plots and rnd == 0,
+                           formats=formats, dpi=dpi, **run_kw)
             if df is None:  # another process's share, or stopped early
                 return None, None
             tables.append(df.assign(round=rnd))

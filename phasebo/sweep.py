@@ -163,8 +163,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path | None = None, *, chunk_size=
                 old = [] if plots else clear_figures(out_dir)  # not redrawn: not left as current
                 if old and not quiet:
                     print(f"{spec.name}: removed {_removed(old)}"
-                          + f" of the runs before: the tables changed and --no-plots draws none; "
-                          f"fix: phasebo plot {out_dir}, phasebo report {out_dir}",
+                          + " of the runs before: the tables changed and no figures are drawn "
+                          f"(--no-plots, plots=False); fix: phasebo plot {out_dir}, phasebo "
+                          f"report {out_dir}",
                           file=sys.stderr)
             if plots:
                 from .report import sweep_figures

@@ -304,6 +304,11 @@ def test_sweep_command_runs_the_grid_then_the_refinement(refined):
     assert new["signal_norm"].to_numpy() == pytest.approx(np.full(3, math.sqrt(200)), rel=1e-9)
     assert len(pd.read_parquet(out / "round-1" / "results.parquet")) == 3
     assert not (out / "round-2").exists()
+    # round 0, the grid, draws the sweep's figures (in the asked formats) and report; round 1's
+    # three points tile no map: tables only
+    assert list((out / "round-0").glob("heatmap_regime_*.svg")) and \
+        (out / "round-0" / "report.html").exists()
+    assert not list((out / "round-1").glob("*.png")) and not (out / "round-1" / "report.html").exists()
     assert pd.read_csv(out / "boundaries.csv")["d"].tolist() == [250, 4000]
 
 

@@ -33,8 +33,8 @@ finally:
 """
 
 
-def test_the_three_notebooks_exist_and_are_stripped():
-    assert {p.stem for p in NOTEBOOKS} >= {"heatmaps", "dynamics", "token_selection"}
+def test_every_notebook_exists_and_is_stripped():
+    assert {p.stem for p in NOTEBOOKS} >= {"heatmaps", "dynamics", "token_selection", "real_data"}
     for p in NOTEBOOKS:
         nb = nbformat.read(p, as_version=4)
         for cell in nb.cells:
