@@ -342,6 +342,17 @@ def at_step(df: pd.DataFrame, step) -> pd.DataFrame:
     return df[np.isin(df[STEP].to_numpy(np.int64), want)]
 
 
+def flow_times(dyn: pd.DataFrame) -> pd.Series | None:
+    """Each recorded step's flow time τ (indexed by step) of a dynamics table of gradient flows,
+    whose steps count GD-equivalent steps of lr; ``None`` for GD, or where runs at one step have
+    different times (cases of different lr), so that no single τ would be right."""
+    if not {"dynamics", "time", STEP} <= set(dyn.columns) or \
+            not (dyn["dynamics"].astype(str) == "flow").all():
+        return None
+    times = dyn.groupby(STEP)["time"]
+    return times.first() if times.nunique(dropna=False).max() == 1 else None
+
+
 def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
               metrics: Sequence[str] | None = None, over: Sequence[str] | None = None,
               step=None) -> pd.DataFrame:

@@ -15,8 +15,7 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
     ratio: ``fraction`` flips ``floor(ceil(n r) / 2)`` labels of each class, ``fixed_count``
     ``ceil(n r)``; Bernoulli flips keep the ratio in expectation and get no note. More than
     :data:`NOTES_EACH` such ratios at one (rule, n) share one line."""
-    found: dict[tuple, dict] = {}  # (mode, n) -> {r: (flips, how)}: the rounded ones
-    every: dict[tuple, dict] = {}  # (mode, n) -> {r: flips}: all of them (same-count groups)
+    every: dict[tuple, dict] = {}  # (mode, n) -> {r: (flips, how, exact)}
     names = ("model", "n", "noise_ratio", "label_noise")
     for case in spec.cases:
         base = {**spec.fixed, **case}
@@ -28,14 +27,14 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
                 continue
             k = int(math.ceil(round(n * r, 9)))
             flips = 2 * (k // 2) if mode == "fraction" else k
-            every.setdefault((mode, n), {})[r] = flips
-            if abs(flips - n * r) < 1e-9:
-                continue
             how = (f"floor(ceil({n} * {r:g}) / 2) = {k // 2} per class" if mode == "fraction"
                    else f"ceil({n} * {r:g}) = {k}")
-            found.setdefault((mode, n), {})[r] = (flips, how)
+            every.setdefault((mode, n), {})[r] = (flips, how, abs(flips - n * r) < 1e-9)
     notes = []
-    for (mode, n), ratios in found.items():
+    for (mode, n), all_r in every.items():
+        ratios = {r: (f, how) for r, (f, how, exact) in all_r.items() if not exact}  # rounded
+        if not ratios:
+            continue
         if len(ratios) <= NOTES_EACH:
             for r, (flips, how) in ratios.items():
                 tail = ("no label is flipped, so these runs have nothing to overfit (regime "
@@ -44,7 +43,7 @@ def label_noise_notes(spec: SweepSpec) -> list[str]:
                              f"({mode}: {how}): {tail}")
             continue
         by_count: dict[int, list] = {}  # exact ratios too: 0.05 at n = 20 flips 1, as 0.01 does
-        for r, flips in sorted(every[(mode, n)].items()):
+        for r, (flips, _, _) in sorted(all_r.items()):
             by_count.setdefault(flips, []).append(r)
         rule = "2 floor(ceil(n r) / 2)" if mode == "fraction" else "ceil(n r)"
         r0, (f0, _) = next(iter(sorted(ratios.items())))

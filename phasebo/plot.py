@@ -203,11 +203,8 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     decades before the horizon, three for a flow, the horizon last).
     """
     dyn = A.select(dyn, where)
-    flow = "dynamics" in dyn.columns and (dyn["dynamics"].astype(str) == "flow").all() \
-        and "time" in dyn.columns and dyn.groupby("step")["time"].nunique(dropna=False).max() == 1
-    # a flow (one time per step: not cases of other lr): a panel per decade of τ over the last
-    # three (τ 5 .. 5000 to 5000), each titled with its τ
-    steps = log_spaced_steps(dyn["step"], decades=3.0 if flow else 2.0) if steps is None \
+    tau = A.flow_times(dyn)  # a flow: a panel per decade of τ over the last three, titled with it
+    steps = log_spaced_steps(dyn["step"], decades=2.0 if tau is None else 3.0) if steps is None \
         else list(steps)
     sel = A.at_step(dyn, steps)
     others = A.other_axes(sel, x, y)
@@ -219,10 +216,9 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     cats = present_regimes(np.concatenate([c["regime"].astype(str).to_numpy()
                                            for c in cells.values()]))
     fig, axs, cax = _panel_grid(len(steps), ncols if len(steps) != 4 else 2)
-    tau = sel.groupby("step")["time"].first() if flow else None
     for ax, s in zip(axs.flat, steps):
         regime_map(cells[s], x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
-                   title=f"step {s}" + (f" (τ {_num(tau[s])})" if flow else ""))
+                   title=f"step {s}" + ("" if tau is None else f" (τ {_num(tau[s])})"))
     _figure_legend(fig, axs)
     regime_colorbar(fig, axs.flat[0].collections[0], cats, None, cax=cax)
     seeds = _seed_text(next(iter(cells.values())))

@@ -281,13 +281,10 @@ def report_data(results_dir, notes: bool = True) -> dict:
         steps = steps[_thin(steps, MAX_FRAMES - 1)] if len(steps) else steps
         agg = A.aggregate(A.at_step(dyn, steps.tolist()), by=keys or None, metrics=dm) \
             if len(steps) else None
-        # a flow's steps count lr: say the time too (where every run at a step has one time)
-        flow = "time" in dyn.columns and "dynamics" in dyn.columns and \
-            (dyn["dynamics"].astype(str) == "flow").all() and \
-            dyn.groupby("step")["time"].nunique(dropna=False).max() == 1
-        tau = dyn.groupby("step")["time"].first() if flow else None
+        tau = A.flow_times(dyn)  # a flow's steps count lr: say its time too
         for s_ in steps:
-            frames.append({"label": f"step {int(s_)}" + (f" (τ {_num(tau[s_])})" if flow else ""),
+            frames.append({"label": f"step {int(s_)}" + ("" if tau is None else
+                                                        f" (τ {_num(tau[s_])})"),
                            "step": int(s_), **_frame(agg[agg["step"] == s_], keys, index, dm)})
     limit = "dynamics" in runs.columns and (runs["dynamics"].astype(str) == "limit").all()
     end = runs["flow_time"].iloc[0] if "flow_time" in runs.columns and "dynamics" in runs.columns \
