@@ -121,6 +121,25 @@ def free_memory_bytes() -> int:
     return 8 << 30
 
 
+def core_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The level-2 cache of one CPU core in bytes (Linux sysfs), or None where it cannot be read.
+    The reduced engine sizes its CPU blocks by it (:meth:`phasebo.engines.base.Reduced.block_size`)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for index in sorted(Path(root).glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if level == "2" and kind in ("Data", "Unified") and size:
+            try:
+                return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+            except ValueError:
+                return None
+    return None
+
+
 def size_text(n_bytes: float) -> str:
     """Bytes in the largest binary unit that keeps them >= 1 (KiB at least): 1.5 GiB, 12 KiB."""
     for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
@@ -130,8 +149,9 @@ def size_text(n_bytes: float) -> str:
 
 
 def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None,
-               block_size=None) -> None:
-    """Block (runs vmapped together per device) and chunk width of a group."""
+               block_size=None, l2: int | None = None) -> None:
+    """Block (runs vmapped together per device) and chunk width of a group; ``l2``: a CPU
+    core's level-2 cache in bytes (:func:`core_cache_bytes`), None where unknown."""
     per_dev = budget / n_dev
     if g.bytes_per_run > per_dev:
         p = g.program
@@ -148,7 +168,7 @@ def size_group(g: Group, n_dev: int, budget: int, platform: str, chunk_size=None
             f"{what} of {g.model.name} needs about {size_text(g.bytes_per_run)} ({shape}) but the "
             f"memory budget is {size_text(per_dev)} per device; fix: lower d, n or n_test, "
             + ("" if projected else "use test_mode = \"projected\", ") + "or raise --memory-budget")
-    hint = block_size or (g.engine.block_size(g.model, g.program, platform) if g.members == 1
+    hint = block_size or (g.engine.block_size(g.model, g.program, platform, l2) if g.members == 1
                           else g.engine.group_block_size(g.model, g.program, platform, g.members))
     g.block = max(1, min(hint, int(per_dev // max(g.bytes_per_run, 1))))
     if chunk_size is not None:  # a forced chunk smaller than a block shrinks the block
@@ -214,6 +234,7 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
     n_dev = max(1, min(n_devices or n_avail, n_avail))
     budget = memory_budget or int(MEMORY_FRACTION * free_memory_bytes())
     plat = platform_name()
+    l2 = core_cache_bytes() if plat == "cpu" else None
     groups: dict[tuple, Group] = {}
     per_cell = spec.runs_per_cell()
     seen: dict[str, int] = {}
@@ -271,7 +292,7 @@ def plan(spec: SweepSpec, *, n_devices: int | None = None, memory_budget: int | 
         g.cost_per_run = max(g.cost_per_run, cost)
     out = list(groups.values())
     for g in out:
-        size_group(g, n_dev, budget, plat, chunk_size, block_size)
+        size_group(g, n_dev, budget, plat, chunk_size, block_size, l2)
     return Plan(spec, out, n_dev, budget, plat)
 
 

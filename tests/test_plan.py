@@ -142,3 +142,46 @@ def test_the_dry_run_gives_the_memory_budget_per_device_as_its_refusals_do(tmp_p
     gives that figure beside the whole budget, so the two never seem to disagree."""
     pl = P.plan(spec_from_dict({"d": 300}, name="m"), n_devices=2, memory_budget=8 * 2**30)
     assert "memory budget 8.0 GiB (4 GiB per device)" in P.describe(pl, tmp_path)
+
+
+def _cache_dir(root, entries):
+    for i, (level, kind, size) in enumerate(entries):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    return str(root)
+
+
+def test_a_cores_l2_is_read_from_sysfs_and_unknown_where_it_cannot_be(tmp_path):
+    linux = [(1, "Data", "48K"), (1, "Instruction", "64K"), (2, "Unified", "2048K"),
+             (3, "Unified", "491520K")]
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "a", linux)) == 2 << 20
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "b", [(2, "Unified", "1M")])) == 1 << 20
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "c", linux[:2])) is None  # no L2 listed
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "d", [(2, "Unified", "big")])) is None
+    assert P.core_cache_bytes(str(tmp_path / "none")) is None
+
+
+def test_reduced_cpu_blocks_hold_the_grams_an_l2_keeps_and_else_the_l3_sized_block():
+    """Half of a 2 MiB L2 holds 10 float32 Grams of N = 160 (the block measured fastest on such
+    a core); where it holds fewer than 8 (a 512 KiB L2, or float64 Grams) or the L2 is unknown,
+    the block is the one measured on an L3-bound core: 64, or 32 with records."""
+    from phasebo.registry import ENGINES, get_model
+
+    model, eng = get_model("prompt_attention"), ENGINES["reduced"]
+
+    def static(**kw):
+        return model.static_of({"train": ("p",), **kw})
+
+    plain, recorded = static(), static(record_every=10)
+    assert eng.block_size(model, plain, "cpu", 2 << 20) == 10
+    assert eng.block_size(model, recorded, "cpu", 2 << 20) == 10
+    for l2 in (None, 512 << 10):
+        assert eng.block_size(model, plain, "cpu", l2) == 64
+        assert eng.block_size(model, recorded, "cpu", l2) == 32
+    assert eng.block_size(model, plain, "cpu", 64 << 20) == 64  # capped
+    assert eng.block_size(model, static(dtype="float64"), "cpu", 2 << 20) == 40
+    assert eng.block_size(model, plain, "gpu", 2 << 20) == 8192
+    assert eng.block_size(model, static(dynamics="flow"), "cpu", 2 << 20) == 16

@@ -50,6 +50,9 @@ from .span import (
     span_w_system,
 )
 
+# CPU blocks of the reduced engine: the Grams that fit in half a core's L2, where that is at least
+# this many (fewer and the step's fixed cost per block dominates; see Reduced.block_size)
+L2_BLOCK = 8
 
 class Engine(abc.ABC):
     name: ClassVar[str]
@@ -88,8 +91,9 @@ class Engine(abc.ABC):
         """The cost each run of a noise group has of its own (its draws and setup shared)."""
         return self.cost_per_run(model, static)
 
-    def block_size(self, model, static, platform: str) -> int:
-        """Runs vmapped together per device (measured: ``python -m phasebo.bench``)."""
+    def block_size(self, model, static, platform: str, l2: int | None = None) -> int:
+        """Runs vmapped together per device (measured: ``python -m phasebo.bench``); ``l2``: a
+        CPU core's level-2 cache in bytes, None where unknown."""
         return 2 if platform == "cpu" else 256
 
     def group_block_size(self, model, static, platform: str, members: int) -> int:
@@ -115,7 +119,7 @@ class Direct(Engine):
     def run(self, model, static, sw, key, grouped=False):
         return direct_run(model, static, sw, key)
 
-    def block_size(self, model, static, platform):
+    def block_size(self, model, static, platform, l2=None):
         if platform != "cpu":
             return 256
         # Measured on 2 CPU cores: the direct engine is memory-bound, blocks of a few runs whose
@@ -240,7 +244,7 @@ class Gram(SpanEngine):
             rows = max(rows, static.n_test * static.T)
         return dataclasses.replace(static, d=padded_width(static.d, rows))
 
-    def block_size(self, model, static, platform):
+    def block_size(self, model, static, platform, l2=None):
         return 4 if platform == "cpu" else 256
 
 
@@ -256,7 +260,7 @@ class Reduced(SpanEngine):
         d0 = reduced_d(static.n, static.T)
         return dataclasses.replace(static, d=min(static.d, d0))
 
-    def block_size(self, model, static, platform):
+    def block_size(self, model, static, platform, l2=None):
         if platform != "cpu":
             # measured on an H200 (python -m phasebo.bench --sections gpu, TF32 products): 8192
             # runs against 1024, the independent-noise map 6.1 against 7.6 s of runs, S2 with
@@ -266,9 +270,17 @@ class Reduced(SpanEngine):
             return 8192
         if is_flow(static) or is_limit(static):
             return 16  # measured for GD (316 runs/s; 4: 238, 8: 297, 32: 304), kept for these
-        # GD, measured in turns on 2 cores (d 2000, 1000 steps, 1536 runs, runs/s): without
-        # records 16: 1137, 32: 1181, 48: 1266, 64: 1290 (128: 814, the Grams out of cache); with
-        # records every 10 steps 24: 709, 32: 720, 48: 621 (the records' metrics pass is large).
-        # 64 float32 Grams of N = 160 are 6.5 MiB: the cap keeps larger N under 8 MiB
+        # A GD step reads each run's Gram once (a matrix-vector product per run): the block is
+        # the Grams that stay in the core's L2, where half of it holds at least L2_BLOCK of them.
+        # Measured in turns on 2 cores, d 2000, 1000 steps, runs/s by block: an Intel Xeon (2 MiB
+        # L2 per core) without records 8: 940, 10: 960, 12: 862, 16: 758, 32: 458, 64: 426; with
+        # records every 10 steps 8: 593, 10: 576, 12: 608, 32: 350. An AMD EPYC, whose L2 holds
+        # fewer than 8 (its Grams read from L3), 1536 runs: without records 16: 1137, 32: 1181,
+        # 48: 1266, 64: 1290 (128: 814, out of L3); with records 24: 709, 32: 720, 48: 621; on
+        # an older step 8 against 16, 741 against 773. 64 float32 Grams of N = 160 are 6.5 MiB:
+        # the cap keeps larger N under 8 MiB
         gram = (static.n * static.T) ** 2 * model.item(static)
+        in_l2 = (l2 or 0) // 2 // gram
+        if in_l2 >= L2_BLOCK:
+            return min(in_l2, 64)
         return max(4, min(32 if model.n_records(static) else 64, (8 << 20) // gram))
