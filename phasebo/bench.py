@@ -300,23 +300,31 @@ def section_engines(q: bool, repeat: int, out: dict, steps: int | None = None) -
 
 def section_blocks(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:
     """Runs/s by block size: the direct engine (a few runs of d-dimensional tokens) and the reduced
-    engine (N x N Grams; its CPU default is 64 runs without records, 32 with)."""
+    engine (N x N Grams; its CPU default: the Grams half a core's L2 holds where that is at least
+    8, else 64 runs without records, 32 with), the planner's own block among them."""
+    from .plan import core_cache_bytes
+
     steps = steps or (100 if q else 1000)
     sizes = {"direct": [1, 4] if q else [1, 2, 4, 8, 16, 32],
              "reduced": [4, 16] if q else [8, 16, 32, 64, 128]}
-    rows = []
+    rows, chosen = [], {}
     for engine, ds, n in (("direct", [1000, 2000], 8 if q else 64),
                           ("reduced", [2000], 64 if q else 1024)):
-        blocks = sizes[engine]
         for d in ([ds[0]] if q else ds):
+            chosen[engine, d] = _group(engine, d, n, steps)[0].block
+            blocks = sorted({*sizes[engine], chosen[engine, d]})
             rates = [batched_rate(engine, d, n, steps, block=b, repeat=repeat) for b in blocks]
             best = blocks[int(np.argmax(rates))]
             out.setdefault("blocks", []).append({"engine": engine, "d": d, "blocks": blocks,
-                                                 "rates": rates, "best": best})
+                                                 "rates": rates, "best": best,
+                                                 "planned": chosen[engine, d]})
             rows.append([engine, d, " / ".join(f"{b}: {_fmt(r)}" for b, r in zip(blocks, rates)),
-                         best])
+                         best, chosen[engine, d]])
+    l2 = core_cache_bytes()
     _print_table(f"block size: runs/s per vmapped block ({steps} steps, all devices)",
-                 ["engine", "d", "block: runs/s", "best"], rows)
+                 ["engine", "d", "block: runs/s", "best", "planned"], rows,
+                 "planned: the sweep's own block on this machine (a core's L2: "
+                 + (f"{l2 >> 10} KiB)" if l2 else "unknown)"))
 
 
 def section_wp(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:

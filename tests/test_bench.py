@@ -28,6 +28,21 @@ def test_bench_quick_loop_section_runs_and_reports(tmp_path, capsys):
     assert all(np.isfinite(rec[k]) and rec[k] > 0 for k in ("batched", "per_run", "numpy"))
 
 
+def test_bench_blocks_section_times_the_planners_own_block_beside_the_others(tmp_path, capsys):
+    from phasebo.bench import _group
+
+    out = tmp_path / "bench.json"
+    rc = bench_main(["--quick", "--sections", "blocks", "--steps", "3", "--repeat", "1",
+                     "--json", str(out)])
+    assert rc == 0
+    assert "planned: the sweep's own block on this machine" in capsys.readouterr().out
+    for rec in json.loads(out.read_text())["blocks"]:
+        n = 8 if rec["engine"] == "direct" else 64
+        assert rec["planned"] == _group(rec["engine"], rec["d"], n, 3)[0].block
+        assert rec["planned"] in rec["blocks"] and len(rec["rates"]) == len(rec["blocks"])
+        assert rec["best"] == rec["blocks"][int(np.argmax(rec["rates"]))]
+
+
 def test_bench_rejects_an_unknown_section(capsys):
     assert bench_main(["--sections", "nope"]) == 2
     assert "unknown section" in capsys.readouterr().err
