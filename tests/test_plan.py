@@ -185,3 +185,12 @@ def test_reduced_cpu_blocks_hold_the_grams_an_l2_keeps_and_else_the_l3_sized_blo
     assert eng.block_size(model, static(dtype="float64"), "cpu", 2 << 20) == 40
     assert eng.block_size(model, plain, "gpu", 2 << 20) == 8192
     assert eng.block_size(model, static(dynamics="flow"), "cpu", 2 << 20) == 16
+
+
+def test_a_direct_run_over_two_mib_goes_alone_and_smaller_runs_share_a_block():
+    from phasebo.registry import ENGINES, get_model
+
+    model, eng = get_model("prompt_attention"), ENGINES["direct"]
+    block = {d: eng.block_size(model, model.static_of({"train": ("p",), "d": d}), "cpu")
+             for d in (250, 1000, 2000, 5000)}
+    assert block == {250: 6, 1000: 2, 2000: 1, 5000: 1}  # 4 MiB a block at most

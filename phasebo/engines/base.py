@@ -123,8 +123,12 @@ class Direct(Engine):
         if platform != "cpu":
             return 256
         # Measured on 2 CPU cores: the direct engine is memory-bound, blocks of a few runs whose
-        # tokens fit in cache beat big vmaps (python -m phasebo.bench --sections blocks).
-        return max(2, min(8, int(2**22 // max(model.bytes_per_run(static), 1))))
+        # tokens fit in cache beat big vmaps (python -m phasebo.bench --sections blocks). A run
+        # over 2 MiB goes alone: prompt attention at d 2000 (4 MiB a run), 200 steps, runs/s by
+        # block 1 / 2: 104 – 114 / 84 on an Intel Xeon (2 MiB L2), 23 – 26 / 25 – 26 on an AMD
+        # EPYC; at d 5000, 41 / 40 – 41 (Xeon); at d 1000 (2 MiB) blocks of 2 stay: 210 – 216
+        # against 183 – 186 alone (Xeon)
+        return max(1, min(8, int(2**22 // max(model.bytes_per_run(static), 1))))
 
 
 def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False) -> RunOutput:
