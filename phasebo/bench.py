@@ -79,7 +79,8 @@ def _group(engine: str, d: int, n_runs: int, steps: int, block: int | None = Non
 def batched_rate(engine: str, d: int, n_runs: int, steps: int, block: int | None = None,
                  repeat: int = 1, **extra) -> float:
     """Runs/s of the sweep's compiled block function fed a chunk as a sweep feeds it (all local
-    devices)."""
+    devices). The chunk is padded to whole blocks, and its padding computes as runs do: the rate
+    counts every slot, the throughput of a long sweep, where padding is a sliver of a chunk."""
     from .execute import Executor
 
     g, arrays, n_dev = _group(engine, d, n_runs, steps, block, **extra)
@@ -320,11 +321,11 @@ def section_blocks(q: bool, repeat: int, out: dict, steps: int | None = None) ->
                                                  "planned": chosen[engine, d]})
             rows.append([engine, d, " / ".join(f"{b}: {_fmt(r)}" for b, r in zip(blocks, rates)),
                          best, chosen[engine, d]])
-    l2 = core_cache_bytes()
+    l2 = core_cache_bytes() if out.get("platform", "cpu") == "cpu" else None
     _print_table(f"block size: runs/s per vmapped block ({steps} steps, all devices)",
                  ["engine", "d", "block: runs/s", "best", "planned"], rows,
-                 "planned: the sweep's own block on this machine (a core's L2: "
-                 + (f"{l2 >> 10} KiB)" if l2 else "unknown)"))
+                 "planned: the sweep's own block on this machine"
+                 + (f" (a core's L2: {l2 >> 10} KiB)" if l2 else ""))
 
 
 def section_wp(q: bool, repeat: int, out: dict, steps: int | None = None) -> None:

@@ -122,22 +122,38 @@ def free_memory_bytes() -> int:
 
 
 def core_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """The level-2 cache of one CPU core in bytes (Linux sysfs), or None where it cannot be read.
-    The reduced engine sizes its CPU blocks by it (:meth:`phasebo.engines.base.Reduced.block_size`)."""
+    """The level-2 cache a CPU core has to itself in bytes (Linux sysfs: the L2 of cpu0 divided
+    among the logical CPUs that share it, hyperthreads or a cluster), or None where it cannot be
+    read. The reduced engine sizes its CPU blocks by it (:meth:`phasebo.engines.base.Reduced.block_size`)."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for index in sorted(Path(root).glob("index*")):
         try:
             level = (index / "level").read_text().strip()
             kind = (index / "type").read_text().strip()
             size = (index / "size").read_text().strip()
-        except OSError:
+        except (OSError, ValueError):  # unreadable, or not text
             continue
-        if level == "2" and kind in ("Data", "Unified") and size:
-            try:
-                return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
-            except ValueError:
-                return None
+        if level != "2" or kind not in ("Data", "Unified") or not size:
+            continue
+        try:
+            n = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        except ValueError:
+            return None
+        return n // _cpu_count(index / "shared_cpu_list")
     return None
+
+
+def _cpu_count(path: Path) -> int:
+    """The logical CPUs of a sysfs CPU list ("0-1,4"); 1 where it cannot be read."""
+    try:
+        text = path.read_text().strip()
+        total = 0
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            total += int(hi or lo) - int(lo) + 1
+        return max(total, 1)
+    except (OSError, ValueError):
+        return 1
 
 
 def size_text(n_bytes: float) -> str:

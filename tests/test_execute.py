@@ -302,8 +302,10 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
                  'engine = "reduced"\nsteps = 60000\nn_test = 100\nd = 2000\n')
     out = tmp_path / "out"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
+    # blocks of 64 runs, ~7 s each, whatever the machine's L2 (a core with a large L2 would get
+    # blocks of ~1 s, which a second Ctrl-C that waited for them could pass within 2 s)
     proc, err, reader = started([sys.executable, "-m", "phasebo", "sweep", str(f), "--out",
-                                 str(out), "--no-plots"], env)
+                                 str(out), "--no-plots", "--block-size", "64"], env)
     try:
         deadline = time.monotonic() + 240
         # a block done: the next computes

@@ -144,13 +144,15 @@ def test_the_dry_run_gives_the_memory_budget_per_device_as_its_refusals_do(tmp_p
     assert "memory budget 8.0 GiB (4 GiB per device)" in P.describe(pl, tmp_path)
 
 
-def _cache_dir(root, entries):
+def _cache_dir(root, entries, shared=None):
     for i, (level, kind, size) in enumerate(entries):
         d = root / f"index{i}"
         d.mkdir(parents=True)
         (d / "level").write_text(f"{level}\n")
         (d / "type").write_text(f"{kind}\n")
         (d / "size").write_text(f"{size}\n")
+        if shared is not None:
+            (d / "shared_cpu_list").write_text(f"{shared}\n")
     return str(root)
 
 
@@ -162,6 +164,20 @@ def test_a_cores_l2_is_read_from_sysfs_and_unknown_where_it_cannot_be(tmp_path):
     assert P.core_cache_bytes(_cache_dir(tmp_path / "c", linux[:2])) is None  # no L2 listed
     assert P.core_cache_bytes(_cache_dir(tmp_path / "d", [(2, "Unified", "big")])) is None
     assert P.core_cache_bytes(str(tmp_path / "none")) is None
+    # an L2 shared by two hyperthreads (each a JAX CPU device) or a cluster of four cores
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "e", linux, "0-1")) == 1 << 20
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "f", linux, "0,2-4")) == 512 << 10
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "g", linux, "0")) == 2 << 20
+    assert P.core_cache_bytes(_cache_dir(tmp_path / "h", linux, "?")) == 2 << 20
+
+
+def test_the_plan_sizes_reduced_blocks_by_the_l2_it_reads(monkeypatch):
+    """The plan passes the core's L2 to the engine: 10 runs a block with a 2 MiB L2, the L3-sized
+    64 where the L2 is unknown (the reading stands in for the machine's own)."""
+    spec = spec_from_dict({"steps": 5, "n_test": 50}, {"d": [1000, 2000]}, seeds=200)
+    for l2, block in ((2 << 20, 10), (None, 64), (256 << 10, 64)):
+        monkeypatch.setattr(P, "core_cache_bytes", lambda l2=l2: l2)
+        assert P.plan(spec).groups[0].block == block
 
 
 def test_reduced_cpu_blocks_hold_the_grams_an_l2_keeps_and_else_the_l3_sized_block():
