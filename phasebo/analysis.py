@@ -20,7 +20,8 @@ statistic and counted in ``n_failed``.
 **Columns.** Per cell: ``n_runs``; ``n_seeds`` (distinct ``(seed, root_seed)`` pairs); ``n_ok``,
 ``n_failed``; for each regime ``frac_<regime>`` (of the ok runs) with its standard error
 ``frac_<regime>_se`` and Wilson 95 % interval ``frac_<regime>_lo`` / ``_hi``; ``regime`` (the
-regime of a strict majority of the ok runs, ``"mixed"`` without one, ``"failed"`` if none is ok);
+regime of a strict majority of the ok runs, ``"mixed"`` without one, ``"failed"`` if half or more
+of the cell's runs failed, none ok included);
 and for every metric ``m``: ``m_mean``, ``m_se`` (``std(ddof=1)/sqrt(k)`` over the ``k`` ok runs
 with a finite value; NaN when ``k < 2``), ``m_min``, ``m_max``. Settings constant in every cell are
 kept as they are (not with ``metrics=``).
@@ -431,7 +432,10 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
         lab = np.full(len(out), "mixed", dtype=object)
         for i, r in enumerate(REGIMES):
             lab[np.nan_to_num(fr[i]) > 0.5] = r
-        lab[n_ok == 0] = "failed"
+        # a cell whose failed runs (diverged, unsolved) are half or more: its few ok runs do
+        # not speak for it (one benign run of four, three unsolved, is not a benign cell)
+        n_bad = out["n_failed"].to_numpy(float)
+        lab[(n_ok == 0) | ((n_bad > 0) & (2 * n_bad >= n_ok + n_bad))] = "failed"
         out["regime"] = pd.Categorical(lab, categories=CELL_REGIMES, ordered=True)
     stats = {}
     for m in metric_list:

@@ -114,7 +114,21 @@ def rule_notes(spec: SweepSpec) -> list[str]:
 def sweep_notes(spec: SweepSpec) -> list[str]:
     """Every note a sweep prints before it runs (and its dry run prints)."""
     return (label_noise_notes(spec) + baseline_notes(spec) + record_notes(spec)
-            + rule_notes(spec) + precision_notes(spec) + plot_where_notes(spec))
+            + rule_notes(spec) + precision_notes(spec) + plot_where_notes(spec)
+            + common_noise_notes(spec))
+
+
+def common_noise_notes(spec: SweepSpec) -> list[str]:
+    """A note when ``common_noise`` names a setting that takes one value in the sweep: no two
+    runs differ only along it, so nothing is shared and every run draws its own noise."""
+    out = []
+    for axis in dict.fromkeys(str(v) for v in spec.values("common_noise")):
+        vals = {repr(v) for v in spec.values(axis)} if axis != "none" else set()
+        if axis != "none" and len(vals) <= 1:
+            out.append(f"note: common_noise = \"{axis}\" shares nothing here: {axis} takes one "
+                       f"value in this sweep, so every run draws its own noise (as "
+                       f"common_noise = \"none\"); fix: sweep {axis}, or common_noise = \"none\"")
+    return out
 
 
 def plot_where_notes(spec: SweepSpec) -> list[str]:

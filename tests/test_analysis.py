@@ -306,3 +306,18 @@ def test_the_dynamics_of_a_limit_sweep_are_refused_with_the_limits_reason(tmp_pa
     with pytest.raises(ConfigError, match="the converged limit has no time axis") as e:
         A.load(tmp_path, "dynamics")
     assert "record_every" not in str(e.value)
+
+
+def test_a_cell_with_half_or_more_of_its_runs_failed_is_failed_not_its_few_ok_runs_regime():
+    """One benign run beside three unsolved ones is not a benign cell; one failed run of three
+    leaves the cell to its two ok runs (the failed run counted in n_failed)."""
+    df = synthetic_runs()
+    cell = (df["d"] == 100) & (df["signal_norm"] == 10.0)
+    for n_bad, want in ((1, "benign"), (2, "failed"), (3, "failed")):
+        runs = df[cell].iloc[:3].copy().assign(regime="benign", status="ok")
+        runs = pd.concat([runs, runs.iloc[[0]].assign(seed=99)])  # four runs
+        runs.iloc[:n_bad, runs.columns.get_loc("status")] = "unsolved"
+        runs.iloc[:n_bad, runs.columns.get_loc("regime")] = "unsolved"
+        agg = A.aggregate(runs).iloc[0]
+        assert (agg["n_runs"], agg["n_failed"]) == (4, n_bad)
+        assert agg["regime"] == want, (n_bad, agg["regime"])

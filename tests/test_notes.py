@@ -84,3 +84,18 @@ def test_a_plot_where_value_that_set_leaves_out_is_noted_before_the_runs(tmp_pat
     said = capsys.readouterr().out
     assert "[plot] heatmaps #1: where n = 20 selects no run" in said
     assert "[plot] lines #1: where n = 40 selects no run" in said
+
+
+def test_common_noise_along_a_setting_with_one_value_is_a_note_and_swept_it_is_none():
+    from phasebo.notes import common_noise_notes
+
+    base = {"model": "prompt_attention", "train": ["p"], "common_noise": "signal_norm",
+            "steps": 10}
+    spec_from_dict = phasebo.spec_from_dict
+    one = spec_from_dict({**base, "signal_norm": 30.0}, {"d": [300, 600]}, seeds=2)
+    (line,) = common_noise_notes(one)
+    assert "shares nothing here: signal_norm takes one value" in line and "fix:" in line
+    assert len(common_noise_notes(spec_from_dict(base, {"d": [300]}, seeds=2))) == 1  # default
+    swept = spec_from_dict(base, {"d": [300], "signal_norm": [5.0, 10.0]}, seeds=2)
+    assert common_noise_notes(swept) == []
+    assert common_noise_notes(spec_from_dict({**base, "common_noise": "none"}, {}, seeds=2)) == []
