@@ -266,6 +266,21 @@ def _slice(d: pd.DataFrame, x: str, regime: str, between, log: bool, n_boot: int
     return out
 
 
+def _leading(df: pd.DataFrame, keys: list, varying: list) -> str | None:
+    """The setting among ``varying`` whose value fixes every other inside each slice (the
+    fewest distinct values first, the model and the dynamics before the settings they bring),
+    or None: the one ``--by`` that a fix needs."""
+    def fixes(c):
+        g = df.groupby([*keys, c], observed=True, dropna=False)
+        return all(g[o].nunique(dropna=False).max() <= 1 for o in varying if o != c)
+
+    first = ("model", "dynamics")
+    for c in sorted(varying, key=lambda c: (df[c].nunique(dropna=False), c not in first)):
+        if fixes(c):
+            return c
+    return None
+
+
 def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("benign", "harmful"), *,
                by: Sequence[str] = (), over: Sequence[str] = (), regime: str = "regime",
                log: bool | None = None, n_boot: int = 400, level: float = 0.95,
@@ -378,6 +393,12 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
                and df.groupby(keys, observed=True)[c].nunique(dropna=False).max() > 1
                and not tied_to_x(c)]
     if varying:
+        lead = _leading(df, keys, varying)
+        if lead is not None and len(varying) > 1:  # one setting the others follow (dynamics)
+            rest = [c for c in varying if c != lead]
+            raise ValueError(f"{lead} varies inside the slices of {', '.join(keys)} (and with it "
+                             f"{', '.join(rest)}): a boundary fit would pool them; fix: add "
+                             f"{lead} to by (--by {lead}), or select one value first")
         verb = "varies" if len(varying) == 1 else "vary"
         raise ValueError(f"{', '.join(varying)} {verb} inside the slices of {', '.join(keys)}: a "
                          "boundary fit would pool them; fix: add them to by (--by), select "

@@ -125,6 +125,23 @@ def test_varying_setting_inside_a_slice_is_refused():
     assert len(boundaries(df, "signal_norm", "d", over=["n"])) == len(DS)
 
 
+def test_settings_that_follow_one_varying_setting_are_named_behind_it_with_one_fix():
+    """Flow and limit runs in one table: the dynamics brings its own settings (lr, steps, ...);
+    the refusal names the dynamics and its one --by, the others as following it."""
+    df = planted(np.random.default_rng(3), seeds=4)
+    flow = df["seed"] % 2 == 0
+    df["dynamics"] = np.where(flow, "flow", "limit")
+    df["lr"] = np.where(flow, 0.025, np.nan)
+    df["flow_time"] = np.where(flow, 1e4, np.nan)
+    with pytest.raises(ValueError, match=r"dynamics varies inside the slices of d \(and with it "
+                       r"lr, flow_time\).*fix: add dynamics to by \(--by dynamics\)"):
+        boundaries(df, "signal_norm", "d")
+    assert len(boundaries(df, "signal_norm", "d", by=["dynamics"])) == 2 * len(DS)
+    df["n"] = np.where(df["seed"] < 2, 20, 40)  # not set by the dynamics: every name, as before
+    with pytest.raises(ValueError, match="vary inside the slices of d: a boundary fit"):
+        boundaries(df, "signal_norm", "d")
+
+
 def test_contradictory_axes_are_refused():
     """Pooling the boundary's own axis, or a boundary along an axis with one value: refused, not
     a table of empty slices."""
