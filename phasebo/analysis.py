@@ -261,12 +261,18 @@ def other_axes(df: pd.DataFrame, *axes: str | None) -> list[str]:
             and not any(tied(df, a, ax) for ax in axes)]
 
 
+# the settings that bring others with them (a model its own settings, a dynamics its horizon and
+# solver): named first when settings tied to one another are named once
+LEADING = ("model", "dynamics")
+
+
 def untied(df: pd.DataFrame, axes: Sequence[str]) -> list[str]:
     """``axes`` less those tied to an earlier one (:func:`tied`): the settings that tell the
     cells apart, each named once (a sweep of two models: ``model``, not also the engine and
-    every setting only one of them has)."""
+    every setting only one of them has; flow and limit runs: ``dynamics``, not ``lr``), the
+    :data:`LEADING` settings first."""
     kept: list[str] = []
-    for a in axes:
+    for a in sorted(axes, key=lambda a: a not in LEADING):
         if not any(tied(df, a, k) for k in kept):
             kept.append(a)
     return kept

@@ -55,7 +55,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from .analysis import STEP, at_step, is_aggregate, setting_columns
+from .analysis import LEADING, STEP, at_step, is_aggregate, setting_columns
 from .regimes import REGIME_ORDER
 from .settings import suggest
 
@@ -274,8 +274,7 @@ def _leading(df: pd.DataFrame, keys: list, varying: list) -> str | None:
         g = df.groupby([*keys, c], observed=True, dropna=False)
         return all(g[o].nunique(dropna=False).max() <= 1 for o in varying if o != c)
 
-    first = ("model", "dynamics")
-    for c in sorted(varying, key=lambda c: (df[c].nunique(dropna=False), c not in first)):
+    for c in sorted(varying, key=lambda c: (df[c].nunique(dropna=False), c not in LEADING)):
         if fixes(c):
             return c
     return None

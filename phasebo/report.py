@@ -358,12 +358,23 @@ def representative_cells(runs: pd.DataFrame, axes: Sequence[str]) -> list[tuple[
             continue
         ranks = np.zeros(len(sub))
         for a in axes:
-            vals = np.sort(cells[a].unique())
-            pos = np.searchsorted(vals, sub[a].to_numpy())
+            # numbers or words; a setting only some runs have (a flow's solver beside limit
+            # runs) is NaN for the others, which rank as the middle (no pull either way)
+            vals = pd.Index(cells[a].dropna().unique()).sort_values()
+            pos = vals.get_indexer(sub[a]).astype(float)
+            pos[pos < 0] = (len(vals) - 1) / 2
             ranks += np.abs(pos / max(len(vals) - 1, 1) - 0.5)
         row = sub.iloc[int(np.argmin(ranks))]
         out.append((r, {a: row[a] for a in axes}))
     return out
+
+
+def _recorded(dyn: pd.DataFrame, where: dict) -> bool:
+    """Whether the dynamics table holds rows of the cell ``where`` (values it lacks: none)."""
+    try:
+        return not A.select(dyn, {k: v for k, v in where.items() if k in dyn.columns}).empty
+    except ValueError:
+        return False
 
 
 def step_figures(results_dir, step, out_dir=None, formats=("png",), dpi=150) -> list[Path]:
@@ -468,6 +479,8 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
             paths += P.save(fig, out / f"token_projection_{name}", formats, dpi)
     if (results_dir / "dynamics.parquet").exists():
         dyn = A.load_dynamics(results_dir)
+        # the cells with recorded dynamics (the converged limit beside a flow records none)
+        reps = [rep for rep in reps if _recorded(dyn, rep[2])]
         for name, r, w in reps:
             sub = A.select(dyn, w)
             label = ", ".join(f"{P._short(a)}={P._num(v)}" for a, v in w.items())
@@ -483,9 +496,9 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
         if len(axes) >= 2 and "regime" in pq_columns(results_dir / "dynamics.parquet") \
                 and dyn["step"].nunique() > 1:
             x, y = tiling_axes(runs, axes)
-            slices = P.facet_slices(runs, A.other_axes(runs, x, y))
+            slices = P.facet_slices(runs, A.untied(runs, A.other_axes(runs, x, y)))
             if tiles(runs, x, y):
-                for w in slices:
+                for w in (w for w in slices if _recorded(dyn, w)):
                     fig, _ = P.regime_maps_over_time(dyn, x, y, where=w or None)
                     if w:
                         fig.suptitle(f"{P.slice_text(w)} — {fig._suptitle.get_text()}",
@@ -494,7 +507,8 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
                         f"_{P.slice_tag(w)}" if w else "")), formats, dpi)
         keys = [a for a in axes if a in dyn.columns]
         # every cell when there are few (a line per case or per value), else one per regime
-        sel = pd.concat([A.select(dyn, w) for *_, w in reps]) if keys and n_cells > 6 else dyn
+        sel = pd.concat([A.select(dyn, w) for *_, w in reps]) if keys and n_cells > 6 and reps \
+            else dyn
         if n_cells > 6:  # a line per chosen cell: every axis that tells them apart names it
             keys = [k for k in keys if sel[k].nunique(dropna=False) > 1] or keys[:1]
         fig, _ = P.accuracy_dynamics(sel, hue=keys or None)

@@ -374,3 +374,42 @@ def test_a_line_whose_x_is_fixed_is_drawn_against_its_hue_axis(tmp_path, capsys)
     shares = {"x": "n", "value": "regime", "hue": ["noise_ratio"]}
     assert R._retarget(one, shares, "line", 0, quiet=True) == \
         ("line", {"x": "noise_ratio", "value": "regime", "where": None})
+
+
+def test_representative_cells_rank_a_setting_only_some_runs_have_and_words():
+    """Flow and limit runs in one table: the flow's solver is a word for the flow runs and NaN
+    for the limit's, which np.sort could not order (phasebo plot stopped with a TypeError)."""
+    rows = []
+    for dyn, solver in (("flow", "bosh3"), ("limit", np.nan)):
+        for d in (900, 3600):
+            for seed in range(3):
+                reg = "benign" if d == 900 else "harmful"
+                rows.append({"dynamics": dyn, "flow_solver": solver, "d": d, "seed": seed,
+                             "regime": reg, "status": "ok", "test_acc": 1.0})
+    runs = pd.DataFrame(rows)
+    got = R.representative_cells(runs, ["d", "dynamics", "flow_solver"])
+    assert [r for r, _ in got] == ["benign", "harmful"]
+    assert {w["d"] for _, w in got} == {900, 3600}
+
+
+def test_a_cell_without_recorded_dynamics_is_not_drawn_from_the_dynamics_table():
+    dyn = pd.DataFrame({"dynamics": ["flow"] * 2, "d": [900, 3600], "step": [0, 0]})
+    assert R._recorded(dyn, {"dynamics": "flow", "d": 900})
+    assert not R._recorded(dyn, {"dynamics": "limit", "d": 900})  # the limit records nothing
+    assert R._recorded(dyn, {"d": 900, "steps": 0})  # a column the dynamics lack: ignored
+
+
+@pytest.mark.slow
+def test_phasebo_plot_draws_a_flow_and_limit_sweep_by_dynamics(tmp_path, x64):
+    f = tmp_path / "s.toml"
+    f.write_text('name = "fl"\nseeds = 2\n[settings]\nmodel = "single_head"\nT = 2\n'
+                 'n_test = 200\nnoise_ratio = 0.1\nsignal_norm = 30\nweight_decay = 0.01\n'
+                 'dtype = "float64"\n[axes]\nn = [20, 40]\nd = [900, 3600]\n[[cases]]\n'
+                 'dynamics = "limit"\n[[cases]]\ndynamics = "flow"\nflow_time = 100.0\n'
+                 'record_log = 5\n')
+    spec = pb.load_sweep(f)
+    run_sweep(spec, tmp_path / "o", quiet=True, plots=False)
+    names = {p.name for p in R.standard_figures(tmp_path / "o")}
+    assert "map_regime_d_vs_n_by_dynamics.png" in names
+    assert "map_regime_over_steps_d_vs_n_dynamicsflow.png" in names
+    assert "accuracy_dynamics.png" in names
