@@ -236,9 +236,10 @@ def check_cell(settings: dict, given: Iterable[str] = (), where: str = "") -> di
                 f"{where}{k} = {own[k]!r} has no effect unless {req[0]} = {_toml(req[1])} (it is "
                 f"{_toml(own.get(req[0]))}); fix: set {req[0]} = {_toml(req[1])}, or remove {k} "
                 f"(a file's: --unset {k})")
-    if own.get("dynamics") == "limit" and "lr" in given:
+    if own.get("dynamics") == "limit" and "lr" in given and not own.get("limit_warmup"):
         raise ConfigError(f"{where}lr = {own['lr']!r} has no effect: dynamics = \"limit\" has no "
-                          "step size (L-BFGS finds the minimiser directly); fix: remove lr")
+                          "step size (L-BFGS finds the minimiser directly) unless limit_warmup > 0 "
+                          "(GD steps of lr first); fix: remove lr, or set limit_warmup")
     try:
         model.check(own)
         resolve_engine(model, model.static_of(own))

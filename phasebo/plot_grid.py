@@ -139,7 +139,9 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         if c == "dynamics" and v == "flow":
             parts.append("gradient flow")
         if c == "dynamics" and v == "limit":
-            parts.append("converged limit")
+            w, lr = one("limit_warmup"), one("lr")
+            parts.append("converged limit" + (f" (after {w} GD steps of {_num(lr)})"
+                                               if w and lr is not None else ""))
         if c in ("lr", "steps") and one("dynamics") == "limit":
             continue  # a limit has no step size and no steps
         if c == "steps" and v is None and c in df.columns and c not in skip \

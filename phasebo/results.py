@@ -191,7 +191,9 @@ def rows(spec, g, cols: list, out) -> tuple:
                                 / res["lr"].to_numpy(float)).astype(np.int64)
     elif kind == "limit":  # no time axis: no step; its time is infinite (phasebo.limit)
         res["steps"] = np.zeros(len(res), np.int64)
-        res["lr"] = np.nan  # no step size either (refused as a setting): no value
+        # no step size either (refused as a setting), unless a GD warm-up took steps of it
+        warm = res["limit_warmup"].to_numpy() > 0 if "limit_warmup" in res.columns else False
+        res["lr"] = np.where(warm, res["lr"].to_numpy(float), np.nan)
     for k, st in model.settings.items():  # a run has no other dynamics' settings: empty
         if st.requires in (("dynamics", "flow"), ("dynamics", "limit")) \
                 and st.requires[1] != kind:

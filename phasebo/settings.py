@@ -313,6 +313,10 @@ FLOW = (
     S("limit_max_iters", 5000, int, "static", "L-BFGS iterations the limit may take before it "
       "stops (status unsolved)", at_least(1), requires=("dynamics", "limit"),
       silent_default=True),
+    S("limit_warmup", 0, int, "static", "gradient-descent steps of lr on the weight-decayed loss "
+      "before L-BFGS (flow time limit_warmup * lr): L-BFGS then starts in the basin where "
+      "training goes, instead of jumping from the initialisation to another minimum",
+      at_least(0), requires=("dynamics", "limit"), silent_default=True),
 )
 
 TRAINING = (

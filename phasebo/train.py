@@ -466,7 +466,8 @@ def run(model, static, sw: dict, key: jax.Array) -> RunOutput:
     if is_limit(static):  # the minimiser of the weight-decayed loss (phasebo.limit)
         objective = weight_decayed(lambda p_: forward(p_)[0], sw["weight_decay"])
         p, k, gn = minimise(objective, params, tol=static.limit_tol,
-                            max_iters=static.limit_max_iters)
+                            max_iters=static.limit_max_iters, warmup=static.limit_warmup,
+                            lr=sw["lr"])
         f, s, a = forward(p)[1]
         final_metrics = finish_limit(metrics(p, f, s, a), margin_fn(f, batch.y), k, gn,
                                      static.limit_tol, batch, roles, dtype)

@@ -40,6 +40,25 @@ def test_the_limit_is_where_the_weight_decayed_flow_converges(x64):
     assert 0 < int(limit["solver_steps"]) < int(flow["solver_steps"])
 
 
+def test_a_warmup_takes_the_limit_to_where_the_flow_ends_not_to_another_minimum(x64):
+    """At the limit map's top-SNR cell (n 25, d 900) L-BFGS from zero lands, on this key, in a
+    harmful minimum with a higher weight-decayed loss than the flow's benign end; 400 GD steps of
+    lr 0.025 first (flow time 10) take it to the flow's end."""
+    cell = {**MAP, "d": 900, "n_test": 1000}
+    key = jax.random.PRNGKey(100)
+
+    def J(f):
+        return float(f["train_loss"]) + 0.005 * (float(f["p_norm"]) ** 2 + float(f["v_norm"]) ** 2)
+
+    flow = run_one({**cell, "dynamics": "flow", "flow_time": 1e4}, key=key).final
+    cold = run_one({**cell, "dynamics": "limit"}, key=key).final
+    warm = run_one({**cell, "dynamics": "limit", "limit_warmup": 400}, key=key).final
+    assert bool(cold["converged"]) and bool(warm["converged"])
+    assert J(cold) > 1.5 * J(flow) and float(cold["test_acc"]) < 0.8
+    assert J(warm) == pytest.approx(J(flow), rel=1e-5)
+    assert float(warm["test_acc"]) == float(flow["test_acc"]) == 1.0
+
+
 def test_the_limit_on_span_engines_equals_the_direct_engines(x64):
     s = {**MAGEN, "dynamics": "limit"}
     direct = run_one(s, engine="direct", key=KEY)
@@ -64,11 +83,26 @@ def test_the_limit_on_span_engines_equals_the_direct_engines(x64):
     (dict(MAGEN, dynamics="limit", record_log=5), "record_log = 5 has no effect"),
     (dict(MAGEN, dynamics="limit", steps=100), "steps = 100 has no effect unless dynamics"),
     (dict(MAGEN, limit_tol=1e-8), "limit_tol = 1e-08 has no effect unless dynamics"),
+    (dict(MAGEN, limit_warmup=10), "limit_warmup = 10 has no effect unless dynamics"),
+    (dict(MAGEN, dynamics="limit", limit_warmup=-1), "limit_warmup"),
     (dict(MAGEN, dynamics="limit", engine="reduced", init="gaussian"), "starts from zero"),
 ])
 def test_limit_settings_that_cannot_run_are_refused(settings, words):
     with pytest.raises(ConfigError, match=words):
         phasebo.spec_from_dict(settings)
+
+
+def test_a_warmups_step_size_is_a_setting_of_the_limit_and_a_column_of_its_results(tmp_path, x64):
+    """lr is refused beside the limit alone (no step size), taken beside a warm-up (GD steps of
+    lr first) and kept in the results there; without a warm-up the column is empty."""
+    with pytest.raises(ConfigError, match="unless limit_warmup > 0"):
+        phasebo.spec_from_dict(dict(MAGEN, dynamics="limit", lr=0.01))
+    s = dict(MAGEN, d=200, n_test=50, dynamics="limit")
+    warm = run_sweep(phasebo.spec_from_dict({**s, "lr": 0.01, "limit_warmup": 5}, seeds=2),
+                     tmp_path / "w", quiet=True, plots=False)
+    cold = run_sweep(phasebo.spec_from_dict(s, seeds=2), tmp_path / "c", quiet=True, plots=False)
+    assert (warm["lr"] == 0.01).all() and (warm["limit_warmup"] == 5).all()
+    assert cold["lr"].isna().all() and (cold["steps"] == 0).all()
 
 
 def test_a_model_without_a_factored_span_form_finds_its_limit_on_the_direct_engine(x64):

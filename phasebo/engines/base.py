@@ -156,7 +156,8 @@ def run_span(model, static, sw: dict, key, reduced: bool, grouped: bool = False)
     if is_limit(static):  # the minimiser of the weight-decayed loss (phasebo.limit)
         tol = static.limit_tol
         now, (f, s, a), k, gn = span_limit(dense(prob), batch.y, wd, tol=tol,
-                                           max_iters=static.limit_max_iters)
+                                           max_iters=static.limit_max_iters,
+                                           warmup=static.limit_warmup, lr=sw["lr"])
         final_metrics = finish_limit(metrics(now, f, s, a), margin_fn(f, batch.y), k, gn, tol,
                                      batch, roles, dtype)
         samples = model.samples(prob.params(now), f, s, a, batch, test, static, sw,

@@ -450,7 +450,8 @@ def span_w_field(prob: SpanWProblem, y, weight_decay=None):
     return state0, field, view
 
 
-def span_limit(prob: SpanProblem, y, weight_decay, *, tol: float, max_iters: int):
+def span_limit(prob: SpanProblem, y, weight_decay, *, tol: float, max_iters: int,
+               warmup: int = 0, lr=None):
     """``(coef, (f, s, a), iterations, grad norm)``: the minimiser of the weight-decayed loss in
     span coordinates (:mod:`phasebo.limit`), for a run trained from zero (``p_0 = v_0 = 0``) whose
     head, if trained, sees the same Gram. With a factor ``F`` of the Gram (``K = F F^T``, the
@@ -479,7 +480,8 @@ def span_limit(prob: SpanProblem, y, weight_decay, *, tol: float, max_iters: int
 
     J = weight_decayed(lambda x: logistic_loss(y * forward(x)[0]), weight_decay)
     zero = jnp.zeros(F.shape[1], h0.dtype)
-    x, k, g = minimise(J, (zero, zero if head else None), tol=tol, max_iters=max_iters)
+    x, k, g = minimise(J, (zero, zero if head else None), tol=tol, max_iters=max_iters,
+                       warmup=warmup, lr=lr)
     u, w = x
 
     def coefficients(v):  # alpha with F^T alpha = v, v in the row space of F^T
