@@ -253,9 +253,11 @@ PERTURB = {
     # the converged limit needs weight decay and float64; 2 against 3 iterations differ
     "limit_tol": (dict(weight_decay=0.1, dtype="float64", limit_tol=1e-3), 1e-9),
     "limit_max_iters": (dict(weight_decay=0.1, dtype="float64", limit_max_iters=2), 3),
+    "limit_warmup": (dict(weight_decay=0.1, dtype="float64"), 3),
 }
 # settings that act only through another the model may lack
-NEEDS = {"limit_tol": "weight_decay", "limit_max_iters": "weight_decay"}
+NEEDS = {"limit_tol": "weight_decay", "limit_max_iters": "weight_decay",
+         "limit_warmup": "weight_decay"}
 # settings that only gradient descent has (refused with dynamics = "flow" or "limit"), and the
 # step size, which the limit has not either
 GD_ONLY = ("steps", "record_every")
