@@ -440,8 +440,8 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
             lab[np.nan_to_num(fr[i]) > 0.5] = r
         # a cell whose failed runs (diverged, unsolved) are half or more: its few ok runs do
         # not speak for it (one benign run of four, three unsolved, is not a benign cell)
-        n_bad = out["n_failed"].to_numpy(float)
-        lab[(n_ok == 0) | ((n_bad > 0) & (2 * n_bad >= n_ok + n_bad))] = "failed"
+        n_bad = out["n_failed"].to_numpy(float)  # every run failed included (n_ok == 0)
+        lab[(n_bad > 0) & (2 * n_bad >= out["n_runs"].to_numpy(float))] = "failed"
         out["regime"] = pd.Categorical(lab, categories=CELL_REGIMES, ordered=True)
     stats = {}
     for m in metric_list:
