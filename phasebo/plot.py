@@ -67,6 +67,7 @@ from .plot_grid import (  # noqa: F401 (the grid helpers and overlays: re-export
     iso_snr_overlay,
     magen_overlay,
     magen_step1_overlay,
+    panels_title,
     settings_text,
     slice_hint,
     slice_tag,
@@ -223,8 +224,7 @@ def regime_maps_over_time(dyn: pd.DataFrame, x: str = "signal_norm", y: str = "d
     regime_colorbar(fig, axs.flat[0].collections[0], cats, None, cax=cax)
     seeds = _seed_text(next(iter(cells.values())))
     text = settings_text(sel, skip=(x, y, "steps"))
-    fig.suptitle(title or f"regime at recorded steps ({seeds})" + (f"\n{text}" if text else ""),
-                 fontsize=10)
+    panels_title(fig, axs, title or f"regime at recorded steps ({seeds})" + (f"\n{text}" if text else ""))
     fig.regime_steps = steps  # for tests and callers
     return fig, axs
 
@@ -424,9 +424,11 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
         if value == "regime":
             regime_map(sub, x, y, ax=ax, theory=theory, categories=cats, colorbar=False,
                        title=slice_text(w))
-        else:
+        else:  # a panel without any value says so (a step metric at the limit, which has none)
+            empty = not np.isfinite(sub[col].to_numpy(float)).any()
             value_map(sub, value, x, y, ax=ax, theory=theory, stat=stat, cmap=cmap, vmin=vmin,
-                      vmax=vmax, colorbar=False, title=slice_text(w))
+                      vmax=vmax, colorbar=False,
+                      title=slice_text(w) + ("\n(no value in any cell)" if empty else ""))
     _figure_legend(fig, axs)
     mesh = axs.flat[0].collections[0]
     if value == "regime":
@@ -436,9 +438,10 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
         what = _label(value) + ("" if stat == "mean" else f" ({stat})")
         colour_key(fig.colorbar(mesh, cax=cax), what, lo, hi, bool(np.isfinite(fin).any()))
         what += f" ({stat} over seeds)"
+        if not np.isfinite(fin).all():
+            what += "; grey: no value"
     text = settings_text(df, skip=(x, y, *facets))
-    fig.suptitle(title or f"{what}, {_seed_text(cells)}" + (f"\n{text}" if text else ""),
-                 fontsize=10)
+    panels_title(fig, axs, title or f"{what}, {_seed_text(cells)}" + (f"\n{text}" if text else ""))
     fig.slices = slices
     return fig, axs
 

@@ -113,6 +113,12 @@ TITLE_SETTINGS = ("model", "train", "n", "T", "noise_ratio", "optimizer", "lr", 
                   "signal_norm")
 
 
+# Settings a title names only where one value, not the default, holds across the table: the
+# regime rule's thresholds and the flow's and the limit's solver controls (a run's identity, and
+# a cap or tolerance can decide whether a run is solved).
+OVERRIDES = ("test_eps", "train_acc_fit", "flow_solver", "flow_rtol", "flow_atol", "flow_max_steps",
+             "flow_converge_tol", "limit_tol", "limit_max_iters")
+
 TITLE_WIDTH = 72  # characters of a title line at the figures' 10 pt on a 6.4-inch-wide figure
 
 
@@ -128,8 +134,8 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
 
     from .registry import all_settings
 
-    default = {c: all_settings()[c].default for c in ("optimizer", "lr_schedule", "test_eps",
-                                                       "train_acc_fit", "test_reference")}
+    default = {c: all_settings()[c].default for c in ("optimizer", "lr_schedule", "test_reference",
+                                                       *OVERRIDES)}
     parts = []
     model, train = one("model"), one("train")
     if model is not None:
@@ -146,8 +152,12 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
             continue  # a limit has no step size and no steps
         if c == "steps" and v is None and c in df.columns and c not in skip \
                 and df[c].notna().any():  # the horizon varies with the lines: its range
-            lo, hi = _num(df[c].min()), _num(df[c].max())
-            parts.append(f"{lo} steps" if lo == hi else f"{lo}–{hi} steps")
+            limit = df["dynamics"].eq("limit") if "dynamics" in df.columns else df[c].isna()
+            stepped = df.loc[~limit, c]  # the limit's rows have no steps: not a horizon of 0
+            if stepped.notna().any():
+                lo, hi = _num(stepped.min()), _num(stepped.max())
+                parts.append((f"{lo} steps" if lo == hi else f"{lo}–{hi} steps")
+                             + (" (the limit: none)" if limit.any() else ""))
             continue
         if c == "optimizer" and isinstance(v, str) and v != default[c]:
             parts.append(v)  # plain GD (sgd), the papers' rule: nothing to say
@@ -178,9 +188,11 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
     ref = one("test_reference")  # the regime rule, where not the default
     if isinstance(ref, str) and ref != default["test_reference"]:
         parts.append(f"benign against the {ref} runs' test acc")
-    for c in ("test_eps", "train_acc_fit"):
+    for c in OVERRIDES:
         v = one(c)
-        if isinstance(v, (int, float)) and np.isfinite(v) and v != default[c]:
+        if isinstance(v, str) and v != default[c]:
+            parts.append(f"{c} {v}")
+        elif isinstance(v, (int, float)) and np.isfinite(v) and v != default[c]:
             parts.append(f"{c} {_num(v)}")
     lines = [""]
     for part in parts:  # lines of at most TITLE_WIDTH characters: a long title is not cut off
@@ -190,6 +202,16 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         else:
             lines[-1] += (", " if lines[-1] else "") + part
     return "\n".join(lines)
+
+
+def panels_title(fig, axs, text: str) -> None:
+    """``text`` as the title of a grid of panels, the panels moved down as far as its lines and
+    the tallest panel title need (a three-line title met two-line panel titles)."""
+    fig.suptitle(text, fontsize=10)
+    panel = max((ax.get_title().count("\n") + 1 for ax in np.ravel(axs) if ax.get_visible()),
+                default=1)
+    need = 0.25 + 0.17 * (text.count("\n") + 1 + panel)  # inches, 10 pt lines
+    fig.subplots_adjust(top=min(fig.subplotpars.top, 1 - need / fig.get_figheight()))
 
 
 def _telling(cells: pd.DataFrame, cases: Sequence[str], most: int = 4) -> list[str]:

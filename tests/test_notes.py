@@ -99,3 +99,13 @@ def test_common_noise_along_a_setting_with_one_value_is_a_note_and_swept_it_is_n
     swept = spec_from_dict(base, {"d": [300], "signal_norm": [5.0, 10.0]}, seeds=2)
     assert common_noise_notes(swept) == []
     assert common_noise_notes(spec_from_dict({**base, "common_noise": "none"}, {}, seeds=2)) == []
+
+
+def test_a_limit_without_a_warm_up_is_noted_and_one_with_it_is_not():
+    from phasebo.notes import rule_notes
+
+    base = {"model": "single_head", "d": 900, "n": 25, "weight_decay": 0.01, "dynamics": "limit",
+            "dtype": "float64"}
+    (note,) = rule_notes(phasebo.spec_from_dict(base))
+    assert "without a warm-up" in note and "fix: limit_warmup = 400 with lr = 0.025" in note
+    assert rule_notes(phasebo.spec_from_dict({**base, "limit_warmup": 400, "lr": 0.025})) == []

@@ -353,6 +353,35 @@ def test_titles_name_the_weight_decay_and_the_dynamics_only_when_they_apply():
         "single_head, n 50, lr 0.005, step 1000 (τ 5) of 1000000 (τ 5000), gradient flow")
 
 
+def test_a_table_of_flow_and_limit_runs_gives_the_flows_horizon_and_solver_overrides():
+    """The limit's rows have no steps: a flow-and-limit table read "0–4000 steps"; and a flow's
+    solver cap set away from its default (it decides which runs are solved) was not named."""
+    from phasebo.plot_grid import settings_text
+
+    both = pd.DataFrame({"model": ["single_head"] * 2, "dynamics": ["flow", "limit"],
+                         "steps": [4000, 0], "flow_max_steps": [50000, np.nan]})
+    text = settings_text(both).replace("\n", " ")
+    assert "4000 steps (the limit: none)" in text and "0–4000" not in text
+    flow = both.iloc[:1]
+    assert settings_text(flow).endswith("flow_max_steps 50000")
+    assert "flow_max_steps" not in settings_text(flow.assign(flow_max_steps=20000))  # the default
+    assert settings_text(flow.assign(flow_max_steps=20000, flow_solver="dopri8")).endswith(
+        "flow_solver dopri8")
+
+
+def test_a_grids_title_keeps_clear_of_its_panels_titles():
+    """A three-line figure title over two-line panel titles (a panel without any value says
+    so on a second line) overlapped them."""
+    fig, axs, _ = P._panel_grid(2)
+    axs.flat[0].set_title("dynamics = flow")
+    axs.flat[1].set_title("dynamics = limit\n(no value in any cell)")
+    P.panels_title(fig, axs, "a metric, 2 seeds per cell\nsingle_head, T 2, r 0.1, 4000 steps,\n‖μ‖ 30")
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    sup = fig._suptitle.get_window_extent(r)
+    assert all(ax.title.get_window_extent(r).y1 < sup.y0 for ax in axs.flat)
+    P.plt.close(fig)
+
 def test_every_regime_colour_shows_on_white_and_apart_from_cells_without_a_value():
     """A regime's line (the regime shares) and cell must show on the white figure and not look
     like a cell never run: no_noise was white, an invisible line."""
