@@ -257,10 +257,12 @@ def _toml(v) -> str:
 
 
 def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] | None = None,
-               seeds: int | None = None, where: str = "", overrides_as: str = "overrides:"
-               ) -> SweepSpec:
+               seeds: int | None = None, where: str = "", overrides_as: str = "overrides:",
+               as_written: SweepSpec | None = None) -> SweepSpec:
     """Validate a parsed sweep file (plus ``--set`` overrides) into a :class:`SweepSpec`; an
-    error in an override names it ``overrides_as`` (the command line: ``--set``)."""
+    error in an override names it ``overrides_as`` (the command line: ``--set``).
+    ``as_written``: the file before ``--unset`` dropped settings from it, whose values a
+    ``[plot] where`` must name (one the overrides leave out is a note, not refused)."""
     for key in raw:
         if key not in TOP_LEVEL_KEYS:
             hint = suggest(key, TOP_LEVEL_KEYS)
@@ -354,7 +356,7 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
                      description=str(raw.get("description", "")), cases=tuple(cases),
                      refine=dict(refine), filed=as_filed)
     validate(spec, where)
-    check_plot_where(as_filed, plot, where)
+    check_plot_where(as_written or as_filed, plot, where)
     return spec
 
 

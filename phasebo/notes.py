@@ -139,10 +139,11 @@ def common_noise_notes(spec: SweepSpec) -> list[str]:
 
 
 def plot_where_notes(spec: SweepSpec) -> list[str]:
-    """A note for each ``[plot]`` figure whose ``where`` names a value ``--set`` left out of the
-    sweep (the file's own values are checked when it is read): that figure will be skipped."""
-    return [f"note: {w}{k} = {one!r} selects no run now that the overrides (--set) leave "
-            f"{k} = {', '.join(map(repr, have[:12]))}: that figure will be skipped (fix: "
+    """A note for each ``[plot]`` figure whose ``where`` names a value ``--set`` or ``--unset``
+    left out of the sweep (the file's own values are checked when it is read): that figure
+    will be skipped."""
+    return [f"note: {w}{k} = {one!r} selects no run now that the overrides (--set, --unset) "
+            f"leave {k} = {', '.join(map(repr, have[:12]))}: that figure will be skipped (fix: "
             f"override {k} to include it, or draw no figures)"
             for w, k, one, have in plot_where_misses(spec, spec.plot)]
 

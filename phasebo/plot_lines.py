@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import analysis as A
-from .plot_grid import TITLE_WIDTH, _auto_log, _seeds, failed_text, settings_text
+from .plot_grid import TITLE_SETTINGS, TITLE_WIDTH, _auto_log, _seeds, failed_text, settings_text
 from .plot_style import REGIME_COLORS, _label, _new, _num, _plain_log, _short, line_colors
 from .results import REGIMES
 
@@ -30,12 +30,18 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     cells = runs if A.is_aggregate(runs) else None
     if hue is None:
         hue = A.untied(runs, A.other_axes(runs, x)) if cells is None else []
+    # settings that follow a hue setting are named on its lines too: a model's depth, and a
+    # title's setting where more than one line has it (T of two models; not the settings that
+    # one model of two has and the other lacks)
+    tied = [] if A.is_aggregate(runs) else [
+        c for c in A.other_axes(runs, x) if c not in hue and c in (*TITLE_SETTINGS, "n_layers")]
     if cells is None:
-        cells = A.aggregate(runs, by=[x, *hue], metrics=[value])
+        cells = A.aggregate(runs, by=[x, *hue, *tied], metrics=[value])  # tied: no new cells
     fig, ax = _new(ax, (6.0, 4.0))
     # dropna=False: a setting only some models of the sweep have is NaN for the others, and
     # their lines are lines too
     groups = list(cells.groupby(list(hue), sort=True, dropna=False)) if hue else [((), cells)]
+    tied = [c for c in tied if c == "n_layers" or sum(g[c].notna().any() for _, g in groups) > 1]
     colors = line_colors(len(groups))
     for i, (key, sub) in enumerate(groups):
         sub = sub.sort_values(x)
@@ -43,7 +49,9 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         m = sub[f"{value}_mean"].to_numpy(float)
         se = np.nan_to_num(sub[f"{value}_se"].to_numpy(float))
         key = key if isinstance(key, tuple) else (key,)
-        lab = ", ".join(f"{_short(h)}={_num(k)}" for h, k in zip(hue, key)
+        named = [*zip(hue, key), *((c, sub[c].iloc[0]) for c in tied
+                                   if c in sub.columns and sub[c].nunique(dropna=False) == 1)]
+        lab = ", ".join(f"{_short(h)}={_num(k)}" for h, k in named
                         if not pd.isna(k)) or None  # a setting this line's model lacks: unnamed
         c = colors[i]
         ax.plot(xv, m, "o-", color=c, ms=3, lw=1.6, label=lab)

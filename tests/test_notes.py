@@ -77,13 +77,19 @@ def test_a_plot_where_value_that_set_leaves_out_is_noted_before_the_runs(tmp_pat
                  'lines = [{ x = "d", value = "test_acc", where = { n = 40 } }]\n')
     assert plot_where_notes(load_sweep(f)) == []
     assert plot_where_notes(load_sweep(f, parse_set(["n=[20, 30]"]))) == [
-        "note: [plot] lines #1: where n = 40 selects no run now that the overrides (--set) "
-        "leave n = 20, 30: that figure will be skipped (fix: override n to include it, or draw "
+        "note: [plot] lines #1: where n = 40 selects no run now that the overrides (--set, "
+        "--unset) leave n = 20, 30: that figure will be skipped (fix: override n to include it, or draw "
         "no figures)"]
     assert main([str(f), "--set", "n=30", "--dry-run", "--out", str(tmp_path / "o")]) == 0
     said = capsys.readouterr().out
     assert "[plot] heatmaps #1: where n = 20 selects no run" in said
     assert "[plot] lines #1: where n = 40 selects no run" in said
+    # --unset drops the axis: its default applies, and the figures at other values are noted
+    default = phasebo.spec_from_dict({}).cells().__next__().settings["n"]
+    assert main([str(f), "--unset", "n", "--dry-run", "--out", str(tmp_path / "u")]) == 0
+    said = capsys.readouterr().out
+    for i, n in (("heatmaps", 20), ("lines", 40)):
+        assert (f"[plot] {i} #1: where n = {n} selects no run" in said) == (n != default)
 
 
 def test_common_noise_along_a_setting_with_one_value_is_a_note_and_swept_it_is_none():

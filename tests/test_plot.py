@@ -494,3 +494,17 @@ def test_a_flows_regime_maps_over_time_give_each_panels_flow_time():
     fig, _ = P.regime_maps_over_time(many.assign(dynamics="gd"), "signal_norm", "d")
     assert fig.regime_steps[0] == 10**4 and fig.regime_steps[-1] == 10**6
     P.plt.close(fig)
+
+
+def test_a_line_names_the_settings_that_follow_its_model():
+    """A sweep of single_head against a four-layer model: the lines read "model=multi_layer"
+    without its n_layers (tied to the model, so not a hue of its own)."""
+    rows = [dict(model=m, n_layers=nl, signal_norm=sn, seed=s, test_acc=0.8 + 0.05 * sn,
+                 status="ok", regime="benign", d=100, n=20)
+            for m, nl in (("single_head", np.nan), ("multi_layer", 4))
+            for sn in (1.0, 2.0, 3.0) for s in range(2)]
+    fig, ax = P.line_plot(pd.DataFrame(rows), "signal_norm")
+    assert ax.get_legend_handles_labels()[1] == ["model=multi_layer, n_layers=4",
+                                                "model=single_head"]
+    assert [len(line.get_xdata()) for line in ax.lines] == [3, 3]  # no cell split by n_layers
+    P.plt.close(fig)

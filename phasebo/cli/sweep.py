@@ -9,6 +9,7 @@ module's: the library never changes them.
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 import re
@@ -117,6 +118,11 @@ def load_unset(path, unset, overrides: dict, seeds) -> SweepSpec:
     if not unset:
         return C.load_sweep(path, overrides, seeds, overrides_as="--set")
     raw = C.read_sweep_file(path)
+    try:  # the file as written: a [plot] where names one of its values
+        written = C.build_spec(copy.deepcopy(raw), Path(path).stem, None, seeds,
+                               where=f"{Path(path).name}: ").filed
+    except ConfigError:  # refused as written: checked against the file less the unset keys
+        written = None
     for key in unset:
         if key not in all_settings():
             raise ConfigError(f"--unset {key}: no such setting{suggest(key, all_settings())}; "
@@ -132,7 +138,7 @@ def load_unset(path, unset, overrides: dict, seeds) -> SweepSpec:
         for h in held:
             h.pop(key, None)
     return C.build_spec(raw, Path(path).stem, overrides, seeds, where=f"{Path(path).name}: ",
-                        overrides_as="--set")
+                        overrides_as="--set", as_written=written)
 
 
 def override_slug(overrides: dict, spec: SweepSpec, unset=()) -> str:
