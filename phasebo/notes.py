@@ -92,8 +92,9 @@ def record_notes(spec: SweepSpec) -> list[str]:
 def rule_notes(spec: SweepSpec) -> list[str]:
     """A line per training-rule setting that does less than its name: a ``batch_size`` of at
     least ``n`` (every step sees all samples: full batch), ``optimizer = "adamw"`` on a model
-    without ``weight_decay`` (its decay is 0: plain Adam), a converged limit without a warm-up
-    (L-BFGS from the initialisation can stop in a worse local minimum than the flow's end)."""
+    without ``weight_decay`` (its decay is 0: plain Adam), single_head's converged limit without
+    a warm-up (L-BFGS from the initialisation can stop in a worse local minimum than the flow's
+    end)."""
     from .registry import get_model
 
     seen: dict[tuple, str] = {}
@@ -109,7 +110,9 @@ def rule_notes(spec: SweepSpec) -> list[str]:
             seen[("adamw", model.name)] = (f"note: optimizer = \"adamw\" on {model.name}, which "
                                            "has no weight_decay setting: its decay is 0, so it "
                                            "runs as adam")
-        if st.get("dynamics") == "limit" and not st.get("limit_warmup"):
+        # measured on single_head only: on prompt_attention the same warm-up can end worse
+        if st.get("dynamics") == "limit" and not st.get("limit_warmup") and \
+                st.get("model") == "single_head":
             seen[("limit",)] = ("note: dynamics = \"limit\" without a warm-up starts L-BFGS "
                                 "at the initialisation, from where single_head's limit stopped "
                                 "in a worse (harmful) local minimum than the flow's end in 1 - 5 "
