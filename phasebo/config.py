@@ -345,7 +345,7 @@ def build_spec(raw: Mapping[str, Any], name: str, overrides: Mapping[str, Any] |
     n_seeds = raw.get("seeds", 1) if seeds is None else seeds
     if isinstance(n_seeds, bool) or not isinstance(n_seeds, int) or n_seeds < 1:
         src = "--seeds" if seeds is not None else f"{where}seeds"
-        raise ConfigError(f"{src} = {n_seeds!r} must be a positive integer, e.g. seeds = 10")
+        raise ConfigError(f"{src} = {n_seeds!r} must be a positive integer; fix: e.g. seeds = 10")
     plot = raw.get("plot", {})
     if not isinstance(plot, Mapping):
         raise ConfigError(f"{where}[plot] must be a table")

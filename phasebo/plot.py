@@ -265,8 +265,8 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
     how = estimator_text(b)
     last = b[b["step"] == b["step"].max()] if len(b) else b  # the horizon: its step (and time)
-    sub = (f"(95% intervals over {n_seeds} seeds; slices with a bounded interval; recorded"
-           f"{horizon_text(last).replace(' at ', ' to ', 1)})")
+    horizon = horizon_text(last).replace(" at ", " to ", 1).strip().replace(" ", "\u00a0")  # unbroken
+    sub = f"(95% intervals over {n_seeds} seeds; slices with a bounded interval; recorded {horizon})"
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
                  f"{', ' + how if how else ''}\n{textwrap.fill(sub, 80)}", fontsize=10)
     if len(vals):

@@ -26,7 +26,7 @@ def _auto_log(col: str, vals: np.ndarray) -> bool:
         step, r = np.diff(vals), vals[1:] / vals[:-1]
         if np.allclose(step, step[0], rtol=0.02):
             return False
-        if np.allclose(r, r[0], rtol=0.05) and r[0] > 1.3:
+        if np.allclose(r, r[0], rtol=0.05) and r[0] > 1.1:  # geometric (log = true)
             return True
         lr = np.diff(np.log(vals))  # an uneven grid spanning a factor 10 or more: the scale on
         if vals.max() / vals.min() >= 10 and lr.max() / lr.min() < step.max() / step.min():

@@ -313,7 +313,7 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
                          if len(widths) else
                          f"no slice has a {r.between[0]}-{r.between[1]} boundary with an interval yet")
                 print(f"refine round {rnd}: {len(df)} runs ({len(runs)} in all); {width}; "
-                      f"{log[-1]['slices_open']} slices to refine (above the target "
+                      f"{log[-1]['slices_open']} slice(s) to refine (above the target "
                       f"{r.target}, or not yet bounded)", file=sys.stderr)
             if not cases or rnd == r.rounds:
                 break
@@ -326,11 +326,15 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
             raise
         if not quiet:
             print(summary(b, r.x, r.y), file=sys.stderr)
+        saved = []
         if plots:
             from .plot import boundary_figure, save
 
             fig = boundary_figure(runs, b, r.x, r.y)
-            save(fig, out_dir / f"boundary_{r.between[0]}_{r.between[1]}", formats, dpi)
+            saved = save(fig, out_dir / f"boundary_{r.between[0]}_{r.between[1]}", formats, dpi)
+        if not quiet:  # where the results went, as phasebo boundaries says
+            print(f"table: {out_dir / 'boundaries.csv'}; runs: {out_dir / 'results.parquet'}"
+                  + "".join(f"; figure: {p}" for p in saved), file=sys.stderr)
         return runs, b
 
 

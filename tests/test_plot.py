@@ -74,6 +74,11 @@ def test_boundary_trajectory_draws_a_line_per_slice(tmp_path):
     # the estimator is named where the boundaries recorded it
     fig, ax = P.boundary_trajectory(pd.DataFrame(rows).assign(fitting="apart"), "signal_norm", "d")
     assert "over time, runs still fitting left apart\n" in ax.get_title()
+    # the horizon is one piece: a wrapped title broke it as "recorded to step / 2000 (time 10)"
+    rows = [{**r, "steps": 2000, "time": r["step"] / 200} for r in rows]
+    fig, ax = P.boundary_trajectory(pd.DataFrame(rows), "signal_norm", "d")
+    lines = ax.get_title().split("\n")
+    assert any("to\u00a0step\u00a01000\u00a0(time\u00a05)" in line for line in lines), lines
 
 
 def test_regime_map_colours_are_the_cell_regimes(sweep, tmp_path):
@@ -209,6 +214,8 @@ def test_command_line_standard_figures(sweep, tmp_path, capsys):
 def test_axis_scale_follows_the_grid():
     assert not P._auto_log("d", np.arange(250, 5001, 125))  # the paper's linear grid
     assert P._auto_log("signal_norm", np.array([2.5, 5, 10, 20, 40]))  # geometric
+    # a sweep file's { start = 3, stop = 15, num = 9, log = true }: ratio 1.22 (was drawn linear)
+    assert P._auto_log("signal_norm", np.geomspace(3, 15, 9))
     assert P._auto_log("n", np.array([10, 20, 50, 500]))  # uneven, spans > 10x
     assert not P._auto_log("noise_ratio", np.array([0.1, 0.2, 0.4, 0.9]))
     e = P._edges(np.array([10.0, 100.0, 1000.0]), log=True)

@@ -298,6 +298,17 @@ def test_the_fit_verdict_at_one_recorded_step(three_axes, tmp_path):
     # the one-step fit's row at each step: its horizon, estimator and replicates say what it is
     assert {"lr", "step", "exponent", "status", "n_boot", "horizon", "fitting", "n_points",
             "theory_exponent"} <= set(fit.columns) and (fit["n_boot"] == 100).all()
+    # a comma list of recorded steps (as pb.boundaries takes a list): those steps' rows
+    two = sorted(table["step"].unique())[-2:]
+    assert boundaries_main([str(three_axes), "--x", "signal_norm", "--y", "noise_ratio",
+                            "--by", "lr", "--step", ",".join(map(str, two)), "--boot", "100",
+                            "--no-plots", "--out", str(tmp_path)]) == 0
+    stem = stem.replace("_steps_all", "_steps_" + "-".join(map(str, two)))
+    some = pd.read_csv(tmp_path / f"{stem}.csv")
+    assert sorted(some["step"].unique()) == two
+    assert len(some) == len(table[table["step"].isin(two)])
+    assert boundaries_main([str(three_axes), "--x", "signal_norm", "--y", "noise_ratio",
+                            "--step", "10,x"]) == 2
 
 
 def test_a_fit_through_grid_gaps_only_is_grid_limited():

@@ -203,8 +203,9 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     p.add_argument("--format", default="png", help="figure formats: png, pdf, svg or a comma list")
     p.add_argument("--no-plots", action="store_true", help="write the tables only")
     p.add_argument("--step", default=None,
-                   help="a recorded step (the regimes of the dynamics at that step), 'all' for "
-                        "every recorded step (the boundary over time), or 'last'; default: the "
+                   help="a recorded step (the regimes of the dynamics at that step), a comma "
+                        "list of them, 'all' for every recorded step (the boundary over time), "
+                        "or 'last'; default: the "
                         "regime at each run's horizon (results table)")
     args = p.parse_args(argv)
     name = p.prog
@@ -219,10 +220,11 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         between = tuple(s.strip() for s in args.between.split(","))
         step = args.step
         if step is not None and step not in ("all", "last"):
-            if not step.isdigit():
-                raise ValueError(f"--step {step!r}: give a recorded step (an integer), 'all' or "
-                                 "'last'")
-            step = int(step)
+            if not all(s.strip().isdigit() for s in step.split(",")):
+                raise ValueError(f"--step {step!r}: give a recorded step (an integer), a comma "
+                                 "list of them (181,2000), 'all' or 'last'")
+            step = [int(s) for s in step.split(",")]
+            step = step[0] if len(step) == 1 else step
         df = load(args.results, "dynamics") if step is not None else load(args.results)
         b = boundaries(df, args.x, args.y, between, by=split(args.by), over=split(args.over),
                        n_boot=args.boot, step=None if step == "all" else step,
@@ -233,7 +235,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     if out is None:  # the first sweep's directory (a results file: the directory holding it)
         first = Path(args.results[0])
         out = first if first.is_dir() else first.parent
-    when = "" if step is None else f"_step{step}" if isinstance(step, int) else f"_steps_{step}"
+    when = "" if step is None else f"_step{step}" if isinstance(step, int) else \
+        f"_steps_{'-'.join(map(str, step))}" if isinstance(step, list) else f"_steps_{step}"
     rule = "" if args.fitting == "apart" else f"_fitting-{args.fitting}"  # both rules kept
     # every choice that changes the table is in its name: another analysis of the same sweep
     # writes its own files, never over these

@@ -333,9 +333,11 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="phasebo: %(message)s")
+    current = None  # the sweep file being handled, for an error that does not name it
     try:
         if args.seeds is not None and args.seeds < 1:
-            raise ConfigError(f"--seeds = {args.seeds} must be a positive integer")
+            raise ConfigError(f"--seeds = {args.seeds} must be a positive integer; fix: e.g. "
+                              "--seeds 10")
         for flag in ("chunk_size", "block_size", "dpi", "devices", "cpu_devices"):
             at_least(flag.replace("_", "-"), getattr(args, flag))
         formats = figure_formats(args.format)
@@ -351,7 +353,8 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
             import jax
 
             jax.config.update("jax_enable_x64", True)  # the CLI owns process-wide flags
-        for _, spec in specs:
+        for f, spec in specs:
+            current = f
             out = Path(args.out) if args.out else Path("results") / spec.name
             if (args.set or args.unset) and not args.out:
                 out = out / override_slug(parse_set(args.set), spec, args.unset)
@@ -407,7 +410,10 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
                       memory_budget=budget, n_devices=args.devices, overwrite=args.overwrite,
                       quiet=args.quiet, plots=not args.no_plots, formats=formats, dpi=args.dpi)
     except ConfigError as e:
-        print(f"{p.prog if prog else 'phasebo.sweep'}: error: {e}", file=sys.stderr)
+        said = str(e)
+        if said.startswith("[plot]") and current is not None:  # checked once the programs are
+            said = f"{Path(current).name}: {said}"  # traced: named by its file, as the rest
+        print(f"{p.prog if prog else 'phasebo.sweep'}: error: {said}", file=sys.stderr)
         return 2
     except Abandoned:
         # blocks given up are still computing in a worker thread: leave without waiting for them
