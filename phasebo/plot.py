@@ -40,7 +40,6 @@ import pandas as pd
 from matplotlib.colors import BoundaryNorm, ListedColormap, LogNorm, Normalize
 
 from . import analysis as A
-from .boundaries import bounded
 from .plot_dynamics import (  # noqa: F401 (the figures of a run's path: re-exported)
     accuracy_dynamics,
     attention_dynamics,
@@ -62,6 +61,7 @@ from .plot_grid import (  # noqa: F401 (the grid helpers and overlays: re-export
     _setup_axes,
     _telling,
     _with_settings,
+    boundary_overlay,
     facet_slices,
     is_grid,
     iso_snr_overlay,
@@ -507,46 +507,6 @@ def save(fig, path: Path, formats: Sequence[str] = ("png",), dpi: int = 150) -> 
         out.append(p)
     plt.close(fig)
     return out
-
-
-def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = None,
-                     theory: dict | None = None, color: str = "black", band: bool = True):
-    """Draw boundaries (:func:`phasebo.boundaries`) on a map with ``x`` across and ``y`` up: each
-    slice's boundary with its interval as a horizontal bar, the fitted power law
-    ``x* = prefactor · y^exponent`` (solid) with the band its exponent interval spans around the
-    fit's centre, and the theory's exponent with its prefactor fitted (dashed)."""
-    ok = b[np.isfinite(b["boundary"].to_numpy(float))]
-    if ok.empty:
-        return ax
-    yv, bx, between = ok[y].to_numpy(float), ok["boundary"].to_numpy(float), ok["between"].iloc[0]
-    lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
-    st = ok["status"].astype(str).to_numpy() if "status" in ok.columns else np.full(len(ok), "")
-    # an unbounded interval has no bar: drawn hollow and named, not as a bar too small to see
-    has = bounded(lo_, hi_, log=ax.get_xscale() == "log") & (st != "unbounded")
-    if has.any():
-        err = np.vstack([bx - lo_, hi_ - bx])[:, has]
-        ax.errorbar(bx[has], yv[has], xerr=err, fmt="o", ms=3, color=color, ecolor=color,
-                    elinewidth=1, capsize=2, label=f"boundary {between} (95% CI)", zorder=5)
-    if not has.all():
-        ax.plot(bx[~has], yv[~has], "o", ms=4, mfc="none", color=color, zorder=5,
-                label=f"boundary {between}, interval unbounded (too few seeds, or past the grid)")
-    ys = np.geomspace(yv.min(), yv.max(), 100) if (yv > 0).all() else np.linspace(yv.min(),
-                                                                                   yv.max(), 100)
-    if fit is not None:
-        ax.plot(fit["prefactor"] * ys ** fit["exponent"], ys, color=color, lw=1.2,
-                label=f"fit: exponent {fit['exponent']:.2f} [{fit['lo']:.2f}, {fit['hi']:.2f}]"
-                if band else f"fit (not trustworthy): exponent {fit['exponent']:.2f}")
-    if fit is not None and band:  # no band for a scattered fit: its interval means nothing
-        yc = float(np.exp(np.mean(np.log(yv))))
-        xc = fit["prefactor"] * yc ** fit["exponent"]
-        lo, hi = (xc * (ys / yc) ** fit["lo"], xc * (ys / yc) ** fit["hi"])
-        ax.fill_betweenx(ys, np.minimum(lo, hi), np.maximum(lo, hi), color=color, alpha=0.15,
-                         lw=0)
-    if theory is not None:
-        ax.plot(theory["prefactor"] * ys ** theory["exponent"], ys, color=color, ls="--", lw=1.2,
-                label=f"theory: exponent {theory['exponent']:+g}")
-    ax.legend(fontsize=7, loc="best", framealpha=0.8)
-    return ax
 
 
 def boundary_figure(runs: pd.DataFrame, b: pd.DataFrame, x: str, y: str, title: str | None = None):

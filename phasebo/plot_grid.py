@@ -1,6 +1,6 @@
 """The grid under every map: axis scales and cell edges, ticks, the cells of a slice (refused
 when another axis varies, or when the cells do not tile a map), the words of titles and file
-names (seeds, fixed settings, slices), and the theory curves drawn across a map."""
+names (seeds, fixed settings, slices), and the theory curves and boundaries drawn across a map."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pandas as pd
 
 from . import analysis as A
 from . import theory as TH
+from .boundaries import bounded
 from .plot_style import LOG_AXES, Theory, _label, _num, _plain_log, _short
 
 
@@ -379,3 +380,49 @@ def magen_step1_overlay(rho: float, eta: float, acc: float = 0.95) -> dict:
     c = float(TH.magen_step1_snr(1.0, rho, eta, acc))
     return {f"step 1: test acc {acc:g} (SNR = {c:.3g}/√n)":
             lambda s: (c / np.asarray(s, float)) ** 2}
+
+
+def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = None,
+                     theory: dict | None = None, color: str = "black", band: bool = True):
+    """Draw boundaries (:func:`phasebo.boundaries`) on a map with ``x`` across and ``y`` up: each
+    slice's boundary with its interval as a horizontal bar, the fitted power law
+    ``x* = prefactor · y^exponent`` (solid) with the band its exponent interval spans around the
+    fit's centre, and the theory's exponent with its prefactor fitted (dashed). A boundary the
+    grid places only in a gap is a square; one whose interval the seeds cannot bound, hollow."""
+    ok = b[np.isfinite(b["boundary"].to_numpy(float))]
+    if ok.empty:
+        return ax
+    yv, bx, between = ok[y].to_numpy(float), ok["boundary"].to_numpy(float), ok["between"].iloc[0]
+    lo_, hi_ = ok["lo"].to_numpy(float), ok["hi"].to_numpy(float)
+    st = ok["status"].astype(str).to_numpy() if "status" in ok.columns else np.full(len(ok), "")
+    # an unbounded interval has no bar: drawn hollow and named, not as a bar too small to see
+    has = bounded(lo_, hi_, log=ax.get_xscale() == "log") & (st != "unbounded")
+    # a boundary the grid places only inside a gap (unresolved, separated) is drawn apart from
+    # one the fit places: a square at the middle of its interval, which holds the gap
+    gap = has & np.isin(st, ("unresolved", "separated"))
+    for sel, fmt, ms, what in ((has & ~gap, "o", 3, "95% CI"),
+                               (gap, "s", 4.5, "in a grid gap: unresolved or separated")):
+        if sel.any():
+            err = np.vstack([bx - lo_, hi_ - bx])[:, sel]
+            ax.errorbar(bx[sel], yv[sel], xerr=err, fmt=fmt, ms=ms, color=color, ecolor=color,
+                        elinewidth=1, capsize=2, label=f"boundary {between} ({what})", zorder=5)
+    if not has.all():
+        ax.plot(bx[~has], yv[~has], "o", ms=4, mfc="none", color=color, zorder=5,
+                label=f"boundary {between}, interval unbounded (too few seeds, or past the grid)")
+    ys = np.geomspace(yv.min(), yv.max(), 100) if (yv > 0).all() else np.linspace(yv.min(),
+                                                                                   yv.max(), 100)
+    if fit is not None:
+        ax.plot(fit["prefactor"] * ys ** fit["exponent"], ys, color=color, lw=1.2,
+                label=f"fit: exponent {fit['exponent']:.2f} [{fit['lo']:.2f}, {fit['hi']:.2f}]"
+                if band else f"fit (not trustworthy): exponent {fit['exponent']:.2f}")
+    if fit is not None and band:  # no band for a scattered fit: its interval means nothing
+        yc = float(np.exp(np.mean(np.log(yv))))
+        xc = fit["prefactor"] * yc ** fit["exponent"]
+        lo, hi = (xc * (ys / yc) ** fit["lo"], xc * (ys / yc) ** fit["hi"])
+        ax.fill_betweenx(ys, np.minimum(lo, hi), np.maximum(lo, hi), color=color, alpha=0.15,
+                         lw=0)
+    if theory is not None:
+        ax.plot(theory["prefactor"] * ys ** theory["exponent"], ys, color=color, ls="--", lw=1.2,
+                label=f"theory: exponent {theory['exponent']:+g}")
+    ax.legend(fontsize=7, loc="best", framealpha=0.8)
+    return ax

@@ -515,3 +515,18 @@ def test_a_line_names_the_settings_that_follow_its_model():
                                                 "model=single_head"]
     assert [len(line.get_xdata()) for line in ax.lines] == [3, 3]  # no cell split by n_layers
     P.plt.close(fig)
+
+
+def test_a_boundary_the_grid_places_only_in_a_gap_is_drawn_apart_from_a_fitted_one():
+    """A separated slice's point (the middle of its gap) looked like a located boundary."""
+    b = pd.DataFrame({"d": [100.0, 200.0, 400.0], "boundary": [5.0, 7.0, 10.0],
+                      "lo": [4.5, 5.0, 8.0], "hi": [5.5, 9.0, 12.0],
+                      "status": ["ok", "separated", "unresolved"], "between": "benign/harmful"})
+    fig, ax = P.plt.subplots()
+    P.boundary_overlay(ax, b, "signal_norm", "d")
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["boundary benign/harmful (95% CI)",
+                      "boundary benign/harmful (in a grid gap: unresolved or separated)"]
+    markers = [c.lines[0].get_marker() for c in ax.containers]
+    assert markers == ["o", "s"]
+    P.plt.close(fig)
