@@ -424,3 +424,38 @@ def test_phasebo_plot_draws_a_flow_and_limit_sweep_by_dynamics(tmp_path, x64):
     assert "map_regime_d_vs_n_by_dynamics.png" in names
     assert "map_regime_over_steps_d_vs_n_dynamicsflow.png" in names
     assert "accuracy_dynamics.png" in names
+
+
+def test_a_pooled_analysis_has_files_of_its_own_and_no_plots_removes_a_stale_figure(
+        three_axes, tmp_path, capsys):
+    """Two result directories pooled wrote over the first one's own analysis, with nothing in
+    the files to say which runs went in; --no-plots left the earlier figure beside new tables."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from phasebo.cli import boundaries_main
+
+    other = tmp_path / "other"
+    shutil.copytree(three_axes, other)
+    args = ["--x", "signal_norm", "--y", "noise_ratio", "--by", "lr", "--boot", "100"]
+    assert boundaries_main([str(other), *args]) == 0
+    own = {p.name: p.stat().st_mtime_ns for p in other.glob("boundar*")}
+    figs = [p for p in other.glob("boundary_*.png")]
+    assert figs
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="appear in more than one"):  # a copy: the same runs
+        assert boundaries_main([str(other), str(three_axes), *args, "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert "pooled from 2 result sets" in err and "replacing" not in err
+    assert {p.name: p.stat().st_mtime_ns for p in other.glob("boundar*") if p.name in own} == own
+    pooled = [p for p in other.glob("boundar*") if p.name not in own]
+    assert pooled and all("_pooled-" in p.name for p in pooled)
+    meta = pq.read_schema(next(p for p in pooled if p.suffix == ".parquet")).metadata
+    assert json.loads(meta[b"phasebo.sources"]) == sorted(str(p.resolve())
+                                                          for p in (other, three_axes))
+    # the same analysis again without figures: the earlier figures go, and it says so
+    assert boundaries_main([str(other), *args, "--no-plots"]) == 0
+    assert "removed" in capsys.readouterr().err
+    assert not any(p.exists() for p in figs)

@@ -175,10 +175,14 @@ def sweep_entry() -> int:
 def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """``phasebo boundaries RESULTS --x X --y Y --between A,B``: boundaries.parquet/csv, the
     power-law fit against the theory, and the map with the boundary drawn on it."""
+    import hashlib
+    import json
     import sys
     from pathlib import Path
 
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from ..analysis import load
     from ..boundaries import FITTING_RULES, MIN_BOOT, boundaries, count_fitting
@@ -240,13 +244,23 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     rule = "" if args.fitting == "apart" else f"_fitting-{args.fitting}"  # both rules kept
     # every choice that changes the table is in its name: another analysis of the same sweep
     # writes its own files, never over these
+    # several result directories pooled: their own files name them (a hash of the directories),
+    # so a pooled analysis never replaces one sweep's own analysis beside its runs
+    sources = sorted(str(Path(r).resolve()) for r in args.results)
+    pool = "" if len(sources) == 1 else \
+        f"_pooled-{hashlib.sha1(chr(10).join(sources).encode()).hexdigest()[:8]}"
     what = f"{between[0]}_{between[1]}_along_{args.x}_per_{args.y}" + "".join(
-        f"_{k}_{'-'.join(split(v))}" for k, v in (("by", args.by), ("over", args.over)) if v)
+        f"_{k}_{'-'.join(split(v))}" for k, v in (("by", args.by), ("over", args.over)) if v) + pool
     stem = f"boundaries_{what}{when}{rule}"
+    if pool:
+        print(f"pooled from {len(sources)} result sets: {', '.join(args.results)}", file=sys.stderr)
     if (out / f"{stem}.csv").exists():  # the same analysis again (other runs, --boot): said
         print(f"replacing {out / stem}.{{csv,parquet}} (and its fit and figure) from an earlier "
               "run of this analysis", file=sys.stderr)
-    b.to_parquet(out / f"{stem}.parquet", index=False)
+    table = pa.Table.from_pandas(b, preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                  b"phasebo.sources": json.dumps(sources).encode()}),
+                   out / f"{stem}.parquet")
     b.to_csv(out / f"{stem}.csv", index=False)
     lead = ["step"] if "step" in b.columns else []
     cols = [*lead, args.y, *split(args.by), "boundary", "lo", "hi", "n_runs", "n_seeds", "status"]
@@ -282,38 +296,47 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
             rows += [{**key, "step": int(st), **power_law_row(gs, args.x, args.y)}
                      for st, gs in g.groupby("step", sort=True)]
     pd.DataFrame(rows).to_csv(out / f"{stem}_fit.csv", index=False)
-    if not args.no_plots:
-        from ..plot import boundary_figure, boundary_trajectory, save
+    from ..plot import boundary_figure, boundary_trajectory, save
 
-        figs = []
-        by = split(args.by)
-        # one figure per --by slice (a map holds one value of each); none when --over pools
-        # settings into a slice: a map would have to pool them too, which it never does
-        groups = b.groupby(by, sort=True, dropna=False) if by else [((), b)]
-        for key, g in ([] if split(args.over) else groups):
-            key = key if isinstance(key, tuple) else (key,)
-            tag = "".join(f"_{k}={v:g}" if isinstance(v, float) else f"_{k}={v}"
-                          for k, v in zip(by, key))
-            if "step" in g.columns and g["step"].nunique() > 1:
-                figs.append((boundary_trajectory(g, args.x, args.y)[0],
-                             f"boundary_trajectory_{what}{rule}{tag}"))
-                continue
-            runs = df if "step" not in df.columns else df[df["step"].isin(g["step"].unique())]
-            for k, v in zip(by, key):
-                runs = runs[runs[k] == v]
-            runs = count_fitting(runs, args.fitting)  # the map coloured as the fit counted
-            try:
-                figs.append((boundary_figure(runs, g, args.x, args.y),
-                             f"boundary_{what}{when}{rule}{tag}"))
-            except ValueError as e:  # the runs do not tile a map: the table stands alone
-                print(f"no figure{tag.replace('_', ' ')}: {e}", file=sys.stderr)
-        if split(args.over):
-            print(f"no figure: the slices pool {args.over} (--over), which a regime map does "
-                  "not; the table has the boundaries")
-        for fig, fname in figs:
-            print(("figure: " if not any((out / f"{fname}.{f}").exists()
-                                         for f in formats) else "figure (replaced): ")
-                  + ", ".join(map(str, save(fig, out / fname, formats))))
+    figs = []  # (file name, () -> figure): drawn, or with --no-plots an earlier one removed
+    by = split(args.by)
+    # one figure per --by slice (a map holds one value of each); none when --over pools
+    # settings into a slice: a map would have to pool them too, which it never does
+    groups = b.groupby(by, sort=True, dropna=False) if by else [((), b)]
+    for key, g in ([] if split(args.over) else groups):
+        key = key if isinstance(key, tuple) else (key,)
+        tag = "".join(f"_{k}={v:g}" if isinstance(v, float) else f"_{k}={v}"
+                      for k, v in zip(by, key))
+        if "step" in g.columns and g["step"].nunique() > 1:
+            figs.append((f"boundary_trajectory_{what}{rule}{tag}", tag,
+                         lambda g=g: boundary_trajectory(g, args.x, args.y)[0]))
+            continue
+        runs = df if "step" not in df.columns else df[df["step"].isin(g["step"].unique())]
+        for k, v in zip(by, key):
+            runs = runs[runs[k] == v]
+        runs = count_fitting(runs, args.fitting)  # the map coloured as the fit counted
+        figs.append((f"boundary_{what}{when}{rule}{tag}", tag,
+                     lambda g=g, runs=runs: boundary_figure(runs, g, args.x, args.y)))
+    if split(args.over) and not args.no_plots:
+        print(f"no figure: the slices pool {args.over} (--over), which a regime map does "
+              "not; the table has the boundaries")
+    for fname, tag, draw in figs:
+        old = [out / f"{fname}.{f}" for f in ("png", "pdf", "svg") if (out / f"{fname}.{f}").exists()]
+        if args.no_plots:  # an earlier run's figure would sit beside these tables, not of them
+            for f in old:
+                f.unlink()
+            if old:
+                print(f"removed {', '.join(map(str, old))}: an earlier run's figure of this "
+                      "analysis (--no-plots draws none)", file=sys.stderr)
+            continue
+        try:
+            fig = draw()
+        except ValueError as e:  # the runs do not tile a map: the table stands alone
+            print(f"no figure{tag.replace('_', ' ')}: {e}", file=sys.stderr)
+            continue
+        replaced = any((out / f"{fname}.{f}").exists() for f in formats)
+        print(("figure (replaced): " if replaced else "figure: ") + ", ".join(
+            map(str, save(fig, out / fname, formats))))
     print(f"table: {out / (stem + '.csv')}; fit: {out / (stem + '_fit.csv')}")
     return 0
 
