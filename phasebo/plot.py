@@ -96,10 +96,13 @@ from .results import REGIMES
 # --------------------------------------------------------------------------------------------
 
 
-def _row_meshes(ax, g: pd.DataFrame, xs, ys, logx, logy, draw):
+def _row_meshes(ax, g: pd.DataFrame, xs, ys, logx, logy, draw, ran: pd.DataFrame | None = None):
     """A rectilinear grid draws as one mesh; a refined (non-uniform) grid, whose rows hold
-    different x values, draws row by row with each row's own cell edges."""
-    have = g.notna().to_numpy()
+    different x values, draws row by row with each row's own cell edges. ``ran``: which cells
+    were run (default: those with a value); a run cell without a value is drawn empty."""
+    ran = g.notna() if ran is None else ran.reindex(index=g.index, columns=g.columns,
+                                                     fill_value=False).astype(bool)
+    have = ran.to_numpy()
     full = have.all() or not have.any() or len(ys) == 1  # no value anywhere: one grey mesh
     ye = _edges(ys, logy)
     if full:
@@ -107,7 +110,7 @@ def _row_meshes(ax, g: pd.DataFrame, xs, ys, logx, logy, draw):
     rows, lo, hi = [], np.inf, -np.inf
     for i in range(len(ys)):
         row = g.iloc[i]
-        have = row.notna().to_numpy()
+        have = ran.iloc[i].to_numpy()
         if not have.any():
             continue
         xe = _edges(xs[have], logx)
@@ -348,7 +351,8 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
         return ax.pcolormesh(xe, ye, np.ma.masked_invalid(zz.astype(float)),
                              cmap=cmap or "cividis", norm=norm)
 
-    meshes, xe, ye = _row_meshes(ax, g, xs, ys, logx, logy, draw)
+    ran = A.pivot(cells, x, y, "n_runs").notna() if "n_runs" in cells.columns else None
+    meshes, xe, ye = _row_meshes(ax, g, xs, ys, logx, logy, draw, ran)  # failed cells: empty
     what = _label(value) + ("" if stat == "mean" else f" ({stat})")
     if colorbar:
         colour_key(fig.colorbar(meshes[0], ax=ax), what, lo, hi, fin.size > 0)

@@ -530,3 +530,17 @@ def test_a_boundary_the_grid_places_only_in_a_gap_is_drawn_apart_from_a_fitted_o
     markers = [c.lines[0].get_marker() for c in ax.containers]
     assert markers == ["o", "s"]
     P.plt.close(fig)
+
+
+def test_a_value_map_keeps_the_columns_of_failed_cells_as_cells_without_a_value():
+    """Diverged step sizes dropped out of a value map: 2 of 4 columns drawn, the axis spanning
+    step sizes never run, while the regime map beside it showed all 4."""
+    rows = [dict(model="single_head", lr=lr, signal_norm=mu, seed=s, n=20, d=200,
+                 status="ok" if lr < 1e6 else "diverged", regime="benign" if lr < 1e6 else
+                 "diverged", test_acc=0.9 if lr < 1e6 else np.nan)
+            for lr in (0.025, 1e4, 1e20, 1e36) for mu in (5.0, 10.0) for s in range(2)]
+    fig, ax = P.value_map(pd.DataFrame(rows), "test_acc", "lr", "signal_norm")
+    z = ax.collections[0].get_array()
+    assert z.size == 8 and int(np.ma.count_masked(z)) == 4  # every cell, the failed ones empty
+    assert "grey: no value" in ax.get_title()
+    P.plt.close(fig)
