@@ -265,11 +265,12 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
         _plain_log(ax.yaxis)
     ax.set_xlabel("recorded step (slices dodged apart)" if len(vals) > 1 else "recorded step")
     ax.set_ylabel(f"boundary {_label(x)}")
-    n_seeds = int(ok["n_seeds"].max()) if len(ok) else 0
+    # the seeds each point rests on: a slice at an early step may hold fewer with both regimes
+    seeds = _seeds(int(ok["n_seeds"].min()), int(ok["n_seeds"].max())) if len(ok) else "0 seeds"
     how = estimator_text(b)
     last = b[b["step"] == b["step"].max()] if len(b) else b  # the horizon: its step (and time)
     horizon = horizon_text(last).replace(" at ", " to ", 1).strip().replace(" ", "\u00a0")  # unbroken
-    sub = f"(95% intervals over {n_seeds} seeds; slices with a bounded interval; recorded {horizon})"
+    sub = f"(95% intervals over {seeds}; slices with a bounded interval; recorded {horizon})"
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
                  f"{', ' + how if how else ''}\n{textwrap.fill(sub, 80)}", fontsize=10)
     if len(vals):

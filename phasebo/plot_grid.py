@@ -406,9 +406,13 @@ def boundary_overlay(ax, b: pd.DataFrame, x: str, y: str, fit: dict | None = Non
             err = np.vstack([bx - lo_, hi_ - bx])[:, sel]
             ax.errorbar(bx[sel], yv[sel], xerr=err, fmt=fmt, ms=ms, color=color, ecolor=color,
                         elinewidth=1, capsize=2, label=f"boundary {between} ({what})", zorder=5)
-    if not has.all():
-        ax.plot(bx[~has], yv[~has], "o", ms=4, mfc="none", color=color, zorder=5,
-                label=f"boundary {between}, interval unbounded (too few seeds, or past the grid)")
+    # a gap open on one side (separated where too few seeds hold both regimes): a hollow square
+    open_gap = ~has & np.isin(st, ("unresolved", "separated"))
+    for sel, fmt, what in ((~has & ~open_gap, "o", "interval unbounded (too few seeds, or past "
+                            "the grid)"), (open_gap, "s", "in a grid gap open on one side")):
+        if sel.any():
+            ax.plot(bx[sel], yv[sel], fmt, ms=4.5, mfc="none", color=color, zorder=5,
+                    label=f"boundary {between}, {what}")
     ys = np.geomspace(yv.min(), yv.max(), 100) if (yv > 0).all() else np.linspace(yv.min(),
                                                                                    yv.max(), 100)
     if fit is not None:

@@ -79,6 +79,10 @@ def test_boundary_trajectory_draws_a_line_per_slice(tmp_path):
     fig, ax = P.boundary_trajectory(pd.DataFrame(rows), "signal_norm", "d")
     lines = ax.get_title().split("\n")
     assert any("to\u00a0step\u00a01000\u00a0(time\u00a05)" in line for line in lines), lines
+    # points resting on fewer seeds (an early step): the range, not the most
+    rows[0]["n_seeds"] = 7
+    fig, ax = P.boundary_trajectory(pd.DataFrame(rows), "signal_norm", "d")
+    assert "95% intervals over 7–10 seeds" in ax.get_title()
 
 
 def test_regime_map_colours_are_the_cell_regimes(sweep, tmp_path):
@@ -529,6 +533,15 @@ def test_a_boundary_the_grid_places_only_in_a_gap_is_drawn_apart_from_a_fitted_o
                       "boundary benign/harmful (in a grid gap: unresolved or separated)"]
     markers = [c.lines[0].get_marker() for c in ax.containers]
     assert markers == ["o", "s"]
+    P.plt.close(fig)
+    # a separated slice open on one side (0 on a log axis) is a gap too, not "unbounded"
+    fig, ax = P.plt.subplots()
+    ax.set_xscale("log")
+    P.boundary_overlay(ax, b.assign(lo=[4.5, 0.0, 8.0], status=["unbounded", "separated", "ok"]),
+                       "signal_norm", "d")
+    labels = ax.get_legend_handles_labels()[1]
+    assert "boundary benign/harmful, in a grid gap open on one side" in labels
+    assert any("interval unbounded" in lab for lab in labels)
     P.plt.close(fig)
 
 
