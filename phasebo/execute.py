@@ -25,11 +25,9 @@ import contextvars
 import dataclasses
 import itertools
 import os
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +35,7 @@ import numpy as np
 from . import config as C
 from .config import key_ids, key_words
 from .grid import chunk_arrays, chunks, group_pieces, select
+from .interrupt import _Background, _in_worker, _interruptible
 from .plan import next_width
 from .registry import get_model, resolve_engine
 from .results import done_run_ids, output_columns, rows, write_table_atomic
@@ -380,123 +379,6 @@ class Executor:
         write_table_atomic(res, parts / f"results-{tag}")
         stats.chunks += 1
         stats.n_new += len(res)
-
-
-class Abandoned(KeyboardInterrupt):
-    """A second Ctrl-C while a chunk was being computed: its blocks in flight are given up (not
-    saved; a resumed sweep runs them again) and the sweep stops at once."""
-
-
-class AbandonedCompile(Abandoned):
-    """A second Ctrl-C while a program was compiling: the compile is given up (nothing to save)
-    and the sweep stops at once."""
-
-
-@dataclasses.dataclass
-class _Interrupt:
-    stop: bool = False  # a Ctrl-C came: stop before the next chunk
-    saving: bool = False  # a chunk is being computed and written: let it finish
-    computing: bool = False  # its blocks are computing (a second Ctrl-C gives them up)
-    compiling: bool = False  # a program is compiling (stop when it returns; again: give it up)
-
-
-def _in_worker(fn: Callable, *args):
-    """``fn(*args)`` in a daemon thread while this (main) thread waits in short sleeps, so a signal
-    handler runs within ~0.1 s even while a compiled block computes for minutes (a C call in
-    the main thread would hold it off until the block returns). Re-raises what ``fn`` raised."""
-    return _Background(fn, *args, daemon=True).result()
-
-
-class _Background:
-    """``fn(*args)`` started in a thread of its own (a compile beside the runs, or a chunk:
-    :func:`_in_worker`). A compile's thread is not a daemon: an interpreter that exits waits for
-    it rather than tearing JAX down under a running compile. :meth:`result` waits in short
-    sleeps, so signal handlers run meanwhile."""
-
-    def __init__(self, fn: Callable, *args, daemon: bool = False):
-        self.box: dict = {}
-        self.done = threading.Event()
-        self.seconds = 0.0
-
-        def work():
-            t = time.perf_counter()
-            try:
-                self.box["out"] = fn(*args)
-            except BaseException as e:  # handed to the waiting thread
-                self.box["err"] = e
-            finally:
-                self.seconds = time.perf_counter() - t
-                self.done.set()
-
-        threading.Thread(target=work, daemon=daemon,
-                         name="phasebo-chunk" if daemon else "phasebo-compile").start()
-
-    def result(self):
-        while not self.done.wait(0.1):
-            pass
-        if "err" in self.box:
-            raise self.box["err"]
-        return self.box["out"]
-
-
-class SigintLatch:
-    """A SIGINT handler for a command's start (:meth:`install`): it raises KeyboardInterrupt as
-    Python's own does, and remembers that it did, so that a Ctrl-C Python swallowed (raised
-    inside a garbage-collector callback, which jax registers, while a program is traced) still
-    stops the sweep when :func:`_interruptible` takes over."""
-
-    def __init__(self):
-        self.hit = False
-
-    def __call__(self, signum, frame):
-        self.hit = True
-        raise KeyboardInterrupt
-
-    @classmethod
-    def install(cls) -> None:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, cls())
-
-
-@contextlib.contextmanager
-def _interruptible():
-    """SIGINT sets ``stop``, which the chunk loop reads before every chunk; outside a chunk's
-    compute and writes it also raises KeyboardInterrupt at once (a compile or the plan stops
-    there). A chunk being computed when the Ctrl-C comes dispatches no further block, finishes
-    the blocks in flight and is saved first (its runs are then done); a second Ctrl-C meanwhile
-    raises :class:`Abandoned` at once (a stiff flow's block can take minutes). (The flag also
-    stops the sweep when Python swallows the exception, as it does inside a garbage-collector
-    callback, which jax registers.)"""
-    state = _Interrupt()
-    if threading.current_thread() is not threading.main_thread():
-        yield state
-        return
-
-    def handler(signum, frame):
-        if state.stop and state.compiling:
-            raise AbandonedCompile
-        if state.stop and state.computing:
-            raise Abandoned
-        first, state.stop = not state.stop, True
-        # the command line stops on SIGTERM as on Ctrl-C (cli.sweep.SigtermAsSigint); Python not
-        again = "Ctrl-C or SIGTERM" if getattr(signal.getsignal(signal.SIGTERM),
-                                               "stops_as_ctrl_c", False) else "Ctrl-C"
-        if state.compiling:
-            print(f"\nstopping once the program being compiled is ready ({again} again: at "
-                  "once)", file=sys.stderr, flush=True)
-            return
-        if not state.saving:
-            raise KeyboardInterrupt
-        if first and state.computing:
-            print(f"\nstopping: the blocks in flight finish and are saved ({again} again: at "
-                  "once; their runs are redone on resume)", file=sys.stderr, flush=True)
-
-    old = signal.signal(signal.SIGINT, handler)
-    state.stop = isinstance(old, SigintLatch) and old.hit  # a Ctrl-C before, maybe swallowed
-    try:
-        yield state
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def traced_columns(pl) -> set[str]:

@@ -29,14 +29,13 @@ from pathlib import Path
 
 from .config import SweepSpec
 from .execute import (  # noqa: F401 (the door: run_one)
-    Abandoned,
-    AbandonedCompile,
     Executor,
     need_x64,
     prepare_one,
     run_one,
 )
 from .grid import spec_run_ids
+from .interrupt import Abandoned, AbandonedCompile
 from .notes import sweep_notes
 from .plan import check_disk, plan
 from .registry import ENGINES

@@ -313,6 +313,7 @@ def test_a_second_ctrl_c_gives_up_the_blocks_in_flight_at_once(tmp_path):
         time.sleep(1.0)  # past the chunk's writes (milliseconds): the next chunk computes
         proc.send_signal(signal.SIGINT)
         wait_until(proc, err, lambda e: b"again: at once" in e, deadline)
+        time.sleep(0.1)  # a person's second Ctrl-C (one within ECHO_S is the first again)
         code, took = interrupt(proc)
     finally:
         reap(proc, reader)
@@ -405,7 +406,7 @@ def test_the_stop_message_names_sigterm_only_where_the_command_line_stops_on_it(
     import signal
 
     from phasebo.cli.sweep import SigtermAsSigint
-    from phasebo.execute import _interruptible
+    from phasebo.interrupt import _interruptible
 
     old = signal.getsignal(signal.SIGTERM)
     try:

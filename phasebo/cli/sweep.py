@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .. import config as C
 from ..config import SweepSpec
-from ..execute import Abandoned, SigintLatch, traced_columns
+from ..execute import traced_columns
+from ..interrupt import Abandoned, SigintLatch
 from ..notes import sweep_notes
 from ..plan import Plan, describe, plan
 from ..registry import all_settings
@@ -301,7 +302,7 @@ class SigtermAsSigint:
     it came, so that the command exits 143 (128 + SIGTERM), as a terminated process does, where a
     Ctrl-C exits 130."""
 
-    stops_as_ctrl_c = True  # read by the SIGINT handler's messages (execute._interruptible)
+    stops_as_ctrl_c = True  # read by the SIGINT handler's messages (interrupt._interruptible)
 
     def __init__(self):
         self.hit = False
