@@ -44,7 +44,8 @@ import pandas as pd
 from . import config as C
 from .boundaries import boundaries, bounded
 from .regimes import REGIME_ORDER
-from .scaling import summary
+from .results import write_csv_atomic
+from .scaling import power_law_row, summary
 from .settings import ConfigError, suggest
 from .store import (
     TABLES,
@@ -208,7 +209,7 @@ def _combine(tables: list, r: Refinement, log: list, out_dir: Path, quiet: bool 
     runs = pd.concat(tables, ignore_index=True)
     runs["round"] = runs["round"].astype("int64")
     b = boundaries(runs, r.x, r.y, r.between)
-    from .results import write_csv_atomic, write_table_atomic
+    from .results import write_table_atomic
 
     digest = tables_digest(runs["run_id"])
     try:
@@ -324,8 +325,11 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
             print(f"interrupted while combining the rounds: every round is saved under "
                   f"{out_dir}/round-*; run the same command again to combine them", file=sys.stderr)
             raise
+        model = runs["model"].iloc[0] if "model" in runs and runs["model"].nunique() == 1 else None
         if not quiet:
-            print(summary(b, r.x, r.y), file=sys.stderr)
+            print(summary(b, r.x, r.y, model), file=sys.stderr)
+        # the power law through the refined boundaries, as phasebo boundaries writes it
+        write_csv_atomic(pd.DataFrame([power_law_row(b, r.x, r.y)]), out_dir / "boundaries_fit.csv")
         saved = []
         if plots:
             from .plot import boundary_figure, save
@@ -333,7 +337,8 @@ def refine_sweep(spec: C.SweepSpec, r: Refinement, out_dir: str | Path | None = 
             fig = boundary_figure(runs, b, r.x, r.y)
             saved = save(fig, out_dir / f"boundary_{r.between[0]}_{r.between[1]}", formats, dpi)
         if not quiet:  # where the results went, as phasebo boundaries says
-            print(f"table: {out_dir / 'boundaries.csv'}; runs: {out_dir / 'results.parquet'}"
+            print(f"table: {out_dir / 'boundaries.csv'}; fit: {out_dir / 'boundaries_fit.csv'}; "
+                  f"runs: {out_dir / 'results.parquet'}"
                   + "".join(f"; figure: {p}" for p in saved), file=sys.stderr)
         return runs, b
 

@@ -116,6 +116,14 @@ def resolved(b: pd.DataFrame, y: str | None = None) -> pd.DataFrame:
     return b[keep]
 
 
+def placed(b: pd.DataFrame, y: str) -> str:
+    """How the fit's slices place their boundaries: ``3 placed by their fit, 8 only bracketed by
+    the grid`` (unresolved or separated: their interval is a grid gap)."""
+    st = resolved(b, y)["status"].astype(str)
+    ok = int((st == "ok").sum())
+    return f"{ok} placed by their fit, {len(st) - ok} only bracketed by the grid"
+
+
 def power_law_row(b: pd.DataFrame, x: str, y: str) -> dict:
     """The power-law fit of a boundary table as one row, with its verdict: ``status`` is
     ``too_few_slices`` (fewer than :data:`MIN_FIT_POINTS` resolved slices: no exponent is
@@ -224,9 +232,10 @@ def estimator_text(b: pd.DataFrame) -> str | None:
             if b["fitting"].iloc[0] == "not_overfitting" else "runs still fitting left apart")
 
 
-def summary(b: pd.DataFrame, x: str, y: str) -> str:
+def summary(b: pd.DataFrame, x: str, y: str, model: str | None = None) -> str:
     """A short text: the boundaries found, the power-law fit and the theory's exponent (at each
-    recorded step, for a boundary trajectory)."""
+    recorded step, for a boundary trajectory); ``model``: the runs' model, when one (the theory
+    line then says only what applies to it)."""
     how = estimator_text(b)
     rule = f" ({how})" if how else ""
     level = float(b["ci_level"].iloc[0]) if "ci_level" in b.columns and len(b) else 0.95
@@ -249,7 +258,7 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
                         "of grid-gap midpoints and says little")
             t = horizon_text(b[b[STEP] == r[STEP]]).removeprefix(f" at step {int(r[STEP])}")
             lines.append(f"  step {int(r[STEP])}{t}: {int(r['n_found'])} of {int(r['n_slices'])} "
-                         f"slices found; {fit}")
+                         f"slices in the fit ({placed(b[b[STEP] == r[STEP]], y)}); {fit}")
         return "\n".join(lines)
     counts = b["status"].astype(str).value_counts()
     lines = [f"boundary {b['between'].iloc[0]} along {x}{rule}{horizon_text(b)}, "
@@ -264,7 +273,7 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
     used = seeds_text(resolved(b, y))  # the seeds of the slices the fit goes through
     lines.append(f"power law {x}* = {fit['prefactor']:.4g} * {y}^{fit['exponent']:.3f}"
                  f"{horizon_text(b)} (95% CI {fit['lo']:.3f} .. {fit['hi']:.3f}; "
-                 f"{fit['n_points']} slices{', ' if used else ''}{used}, "
+                 f"{fit['n_points']} slices: {placed(b, y)}{', ' if used else ''}{used}, "
                  f"chi2/dof {fit['chi2_dof']:.2f})")
     if fit["chi2_dof"] > SCATTER:  # also when grid-limited: both are said
         lines.append(f"warning: the boundaries scatter about their fit {fit['chi2_dof']:.1f} "
@@ -275,7 +284,7 @@ def summary(b: pd.DataFrame, x: str, y: str) -> str:
                      "fit runs through the midpoints of grid gaps, so its exponent says little; "
                      "fix: refine the grid around the boundary (phasebo sweep --refine)")
         return "\n".join(lines)
-    th = theory_exponent(x, y)
+    th = theory_exponent(x, y, model)
     if th is not None:
         inside = fit["lo"] <= th[0] <= fit["hi"]
         lines.append(f"theory: exponent {th[0]:+g} ({th[1]}); "

@@ -116,19 +116,25 @@ THEORY_EXPONENTS = {
     # attention from zero at step 1 has test accuracy Phi((1 - 2 eta) ||mu|| SNR sqrt(n) / 2) at
     # sigma 1, a function of ||mu||^2 sqrt(n / d): along snr the same -1/2, along ||mu|| half the
     # iso-SNR exponents.
-    ("signal_norm", "d"): (0.5, "iso-SNR: n SNR^2 fixed, SNR = ||mu|| / (sigma sqrt d); "
-                                "single-head GD at step 1: 1/4"),
-    ("d", "signal_norm"): (2.0, "iso-SNR: d* = n ||mu||^2 / (sigma^2 n SNR^2) at fixed n SNR^2; "
-                                "single-head GD at step 1: 4"),
-    ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n) (single-head GD at step 1 alike)"),
-    ("signal_norm", "n"): (-0.5, "iso-SNR at fixed d: ||mu||* ~ sqrt(d / n); single-head GD at "
-                                 "step 1: -1/4"),
+    # the third entry: single-head GD's step-1 exponent, said only for single_head's runs
+    ("signal_norm", "d"): (0.5, "iso-SNR: n SNR^2 fixed, SNR = ||mu|| / (sigma sqrt d)",
+                           "single-head GD at step 1: 1/4"),
+    ("d", "signal_norm"): (2.0, "iso-SNR: d* = n ||mu||^2 / (sigma^2 n SNR^2) at fixed n SNR^2",
+                           "single-head GD at step 1: 4"),
+    ("snr", "n"): (-0.5, "Magen et al.: SNR* ~ c / sqrt(n)", "single-head GD at step 1 alike"),
+    ("signal_norm", "n"): (-0.5, "iso-SNR at fixed d: ||mu||* ~ sqrt(d / n)",
+                           "single-head GD at step 1: -1/4"),
 }
 
 
-def theory_exponent(x: str, y: str) -> tuple[float, str] | None:
-    """The theory's exponent of the boundary along ``x`` against the slice axis ``y``."""
-    return THEORY_EXPONENTS.get((x, y))
+def theory_exponent(x: str, y: str, model: str | None = None) -> tuple[float, str] | None:
+    """The theory's exponent of the boundary along ``x`` against the slice axis ``y``, and where
+    it comes from; single-head GD's step-1 exponent is said beside it unless ``model`` names
+    another model."""
+    if (x, y) not in THEORY_EXPONENTS:
+        return None
+    exponent, where, step1 = THEORY_EXPONENTS[(x, y)]
+    return exponent, where + (f" ({step1})" if model in (None, "single_head") else "")
 
 
 def g(x, T):

@@ -215,6 +215,9 @@ def test_refinement_adds_points_between_disagreeing_neighbours_and_resumes(tmp_p
         plain.reset_index(drop=True), check_like=True, check_dtype=False, check_categorical=False)
     assert runs["run_id"].is_unique
     assert set(runs["round"]) >= {0, 1}
+    # the power law through the refined boundaries is saved beside them (it was printed only)
+    fit = pd.read_csv(tmp_path / "ref" / "boundaries_fit.csv")
+    assert len(fit) == 1 and fit["n_slices"].iloc[0] == len(b) and "status" in fit
     first = runs[runs["round"] == 0]
     assert len(first) == spec.n_runs
     later = runs[runs["round"] > 0]
@@ -609,3 +612,17 @@ def test_too_few_bootstrap_replicates_are_refused_and_the_count_is_stated():
     b = boundaries(df, "signal_norm", "d", n_boot=MIN_BOOT)
     assert (b["n_boot"] == MIN_BOOT).all()
     assert f"95% bootstrap over seeds ({MIN_BOOT} replicates)" in summary(b, "signal_norm", "d")
+
+
+def test_a_fit_says_how_many_of_its_slices_the_grid_alone_brackets():
+    """A fit through one slice its fit placed and nine only bracketed by grid gaps read as a
+    plain "ok" fit of 10 slices: the summary now says how they were placed."""
+    from phasebo.scaling import placed, summary
+
+    b = pd.DataFrame({"d": [100.0, 200.0, 400.0, 800.0], "boundary": [5.0, 7.1, 10.0, 14.2],
+                      "lo": [4.5, 6.0, 8.0, 12.0], "hi": [5.5, 8.0, 12.0, 16.0],
+                      "status": ["ok", "separated", "unresolved", "unbounded"],
+                      "between": "benign/harmful", "n_seeds": 10, "n_runs": 40})
+    assert placed(b, "d") == "1 placed by their fit, 2 only bracketed by the grid"
+    assert "3 slices: 1 placed by their fit, 2 only bracketed by the grid" in summary(
+        b, "signal_norm", "d")

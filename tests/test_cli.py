@@ -614,3 +614,22 @@ def test_boundaries_of_runs_in_neither_regime_say_what_the_runs_are(tmp_path, ca
     assert run(["boundaries", str(tmp_path / "c"), "--y", "d", "--no-plots"]) == 0
     assert "no run is benign or harmful: no_noise 6 runs; fix: --between two regimes the runs " \
         "have" in capsys.readouterr().out
+
+
+def test_a_commands_warnings_are_one_line_each(capsys):
+    """A command's warning printed Python's source location and line (``cli/__init__.py:228:
+    UserWarning: ...`` and the code): one line that says what happened instead."""
+    import warnings
+
+    from phasebo.cli import guarded
+
+    def command():
+        warnings.warn("24 runs appear in more than one of the loaded sweeps", UserWarning,
+                      stacklevel=2)
+        return 0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert guarded(command) == 0
+    assert capsys.readouterr().err == (
+        "phasebo: warning: 24 runs appear in more than one of the loaded sweeps\n")

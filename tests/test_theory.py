@@ -140,5 +140,8 @@ def test_theory_exponents_are_the_theory_modules_slopes():
     # Sakamoto & Sato's iso-SNR along n at fixed d is the same -1/2
     assert slope(lambda n: th.iso_snr_signal_norm(2000.0, 4.0, n)) == pytest.approx(-0.5)
     assert theory_exponent("rho", "n") is None
+    # single-head GD's step-1 exponent is said for single_head's runs, not for another model's
+    assert "single-head GD at step 1: 4" in theory_exponent("d", "signal_norm", "single_head")[1]
+    assert "single-head" not in theory_exponent("d", "signal_norm", "prompt_attention")[1]
     # the step-1 closed form of single-head GD: -1/2 along snr, as the table says
     assert slope(lambda n: th.magen_step1_snr(n, 30.0, 0.1)) == pytest.approx(-0.5)

@@ -152,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def guarded(command, *args) -> int:
     """``command(*args)``, quiet when its output pipe closes early (``phasebo settings | head``,
-    ``python -m phasebo.sweep FILE --dry-run | head -1``): every entry point runs through it."""
+    ``python -m phasebo.sweep FILE --dry-run | head -1``), its warnings one line each
+    (``phasebo: warning: ...``, not Python's source line): every entry point runs through it."""
+    import warnings
+
+    def one_line(message, category, filename, lineno, file=None, line=None):  # not the source
+        print(f"phasebo: warning: {message}", file=sys.stderr if file is None else file)
+
+    warnings.showwarning = one_line  # a command's warnings are its output, read by people
     try:
         return command(*args)
     except BrokenPipeError:
@@ -266,13 +273,15 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     cols = [*lead, args.y, *split(args.by), "boundary", "lo", "hi", "n_runs", "n_seeds", "status"]
     with pd.option_context("display.width", 120, "display.max_rows", 400):
         print(b[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    model = str(df["model"].iloc[0]) if "model" in df.columns and df["model"].nunique() == 1 \
+        else None  # the theory line says only what applies to the runs' model
     if split(args.by):  # one summary and fit per --by group, as the fit table holds them
         for key, g in b.groupby(split(args.by), sort=True, dropna=False):
             key = key if isinstance(key, tuple) else (key,)
             print(", ".join(f"{k} = {v}" for k, v in zip(split(args.by), key)) + ": "
-                  + summary(g, args.x, args.y))
+                  + summary(g, args.x, args.y, model))
     else:
-        print(summary(b, args.x, args.y))
+        print(summary(b, args.x, args.y, model))
     if len(b) and not int(b["n_runs"].sum()):  # nothing to place: say what the runs are instead
         from ..analysis import at_step
 
