@@ -344,6 +344,9 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
             raise ValueError(f"column {col!r} is not in the table"
                              f"{suggest(col, map(str, df.columns))}; it has "
                              f"{', '.join(map(str, df.columns[:30]))}")
+    if df.empty:  # said as such, not as an axis with one value, ()
+        raise ValueError("boundaries: the table holds no runs (a selection that matched "
+                         "nothing?); fix: select runs the table has")
     if df[x].nunique(dropna=False) <= 1:
         axes = [c for c in setting_columns(df) if df[c].nunique(dropna=False) > 1
                 and c not in ("seed", "root_seed")]

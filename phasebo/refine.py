@@ -108,6 +108,8 @@ def parse_refine(spec: C.SweepSpec, block: dict, where: str = "") -> Refinement:
                               f"{suggest(b, REGIME_ORDER)}; regimes: {', '.join(REGIME_ORDER)}")
     axes = [a for a, v in spec.axes.items() if len(v) > 1]
     x, y = block.get("x"), block.get("y")
+    if x is not None and y is None and len(axes) == 2 and x in axes:  # the other axis
+        y = next(a for a in axes if a != x)
     if x is None or y is None:
         from .report import default_heatmap_axes
 

@@ -626,3 +626,10 @@ def test_a_fit_says_how_many_of_its_slices_the_grid_alone_brackets():
     assert placed(b, "d") == "1 placed by their fit, 2 only bracketed by the grid"
     assert "3 slices: 1 placed by their fit, 2 only bracketed by the grid" in summary(
         b, "signal_norm", "d")
+
+
+def test_an_empty_table_is_said_to_be_empty():
+    """It read "x = 'd' takes one value in these runs ()"."""
+    df = pd.DataFrame({"d": [], "signal_norm": [], "regime": [], "seed": []})
+    with pytest.raises(ValueError, match="the table holds no runs"):
+        boundaries(df, "signal_norm", "d", ("benign", "harmful"))

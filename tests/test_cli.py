@@ -501,6 +501,22 @@ def test_a_bad_refinement_is_refused_before_anything_runs(tiny_file, tmp_path, c
     assert not out.exists()
 
 
+def test_a_refinement_along_the_other_axis_from_the_command_line(tiny_file, tmp_path, capsys):
+    """--along: the boundary refined along the map's y axis took a file with a [refine]
+    block; without --refine it is refused, one line."""
+    from phasebo.cli import main
+
+    spec = load_sweep(tiny_file)
+    x, y = [a for a, v in spec.axes.items() if len(v) > 1]
+    out = str(tmp_path / "r")
+    for along, per in ((x, y), (y, x)):
+        assert main(["sweep", str(tiny_file), "--out", out, "--refine", "harmful,benign",
+                     "--along", along, "--dry-run"]) == 0
+        assert f"boundary along {along} (per {per})" in capsys.readouterr().out
+    assert main(["sweep", str(tiny_file), "--out", out, "--along", x, "--dry-run"]) == 2
+    assert "fix: add --refine A,B" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("cmd", ["sweep", "plot", "report", "boundaries"])
 def test_every_command_names_itself_in_its_errors(cmd, tmp_path, capsys):
     """An error of ``phasebo CMD`` starts with ``phasebo CMD: error:`` (as argparse's own do), one

@@ -86,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--refine", metavar="A,B",
                    help="refine the grid around the boundary between regimes A and B (or a "
                         "[refine] block in the file; README: Adaptive refinement)")
+    p.add_argument("--along", metavar="AXIS",
+                   help="the axis a refined boundary lies along (the [refine] block's x; default: "
+                        "the map's x axis)")
     p.add_argument("--rounds", type=int, help="refinement rounds after the first grid")
     p.add_argument("--target", type=float,
                    help="refine until each boundary CI is at most this fraction of it")
@@ -363,6 +366,13 @@ def _main(argv: list[str] | None, prog: str | None) -> int:
             block = dict(spec.refine)
             if args.refine:
                 block["between"] = args.refine
+            if args.along:
+                if not block:
+                    raise ConfigError("--along refines a boundary along an axis; fix: add "
+                                      "--refine A,B (e.g. --refine benign,harmful)")
+                block["x"] = args.along
+                if block.get("y") == args.along:  # the file's slices were along it: the other
+                    del block["y"]
             for k in ("rounds", "target"):
                 if getattr(args, k) is not None:
                     block[k] = getattr(args, k)
