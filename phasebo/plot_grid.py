@@ -298,7 +298,7 @@ def _grid_ticks(axis, vals, log):
     """Ticks at the grid values when there are few of them (as many as their labels have room
     for), plain numbers otherwise."""
     if len(vals) <= 10:
-        vals = np.sort(np.asarray(vals, float))
+        vals = every = np.sort(np.asarray(vals, float))
         if len(vals) > 2:  # labels closer than their width collide (80, 100; 0.0158, 0.0281)
             u, keep = (np.log(vals) if log else vals), [0]
             gap = (u[-1] - u[0]) * len(u) / (len(u) - 1) * max(_label_room(axis, vals), 0.1 if log else 0.0)
@@ -310,7 +310,9 @@ def _grid_ticks(axis, vals, log):
             vals = vals[keep]
         axis.set_major_locator(mticker.FixedLocator(vals))
         axis.set_major_formatter(mticker.FuncFormatter(_num))
-        axis.set_minor_locator(mticker.NullLocator())
+        # a value whose label has no room keeps a tick mark (unlabelled): every cell run is marked
+        axis.set_minor_locator(mticker.FixedLocator(np.setdiff1d(every, vals)))
+        axis.set_minor_formatter(mticker.NullFormatter())
     elif log:
         _plain_log(axis)
 

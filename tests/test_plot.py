@@ -557,3 +557,16 @@ def test_a_value_map_keeps_the_columns_of_failed_cells_as_cells_without_a_value(
     assert z.size == 8 and int(np.ma.count_masked(z)) == 4  # every cell, the failed ones empty
     assert "grey: no value" in ax.get_title()
     P.plt.close(fig)
+
+
+def test_a_grid_value_whose_label_has_no_room_keeps_an_unlabelled_tick():
+    """Step sizes 0.025, 1e4, 1e20, 1e36 on a log axis: the label of 1e4 has no room beside
+    0.025's, and the cell had no tick at all."""
+    rows = [dict(model="single_head", lr=lr, signal_norm=mu, seed=0, n=20, d=200, status="ok",
+                 regime="benign", test_acc=0.9)
+            for lr in (0.025, 1e4, 1e20, 1e36) for mu in (5.0, 10.0)]
+    fig, ax = P.regime_map(pd.DataFrame(rows), "lr", "signal_norm")
+    marked = np.sort(np.concatenate([ax.get_xticks(), ax.xaxis.get_minorticklocs()]))
+    np.testing.assert_allclose(marked, [0.025, 1e4, 1e20, 1e36])
+    assert len(ax.get_xticks()) < 4  # one label left out: no room for it
+    P.plt.close(fig)
