@@ -470,7 +470,11 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
     regime_cols = [c for c in out.columns if c.startswith("frac_")] + \
         (["regime"] if "regime" in out.columns else [])
     rest = [c for c in out.columns if c not in [*lead, *counts, *regime_cols]]
-    return out[[*lead, *counts, *regime_cols, *rest]]
+    out = out[[*lead, *counts, *regime_cols, *rest]]
+    pooled = {c: int(work[c].nunique(dropna=False)) for c in over}
+    if any(k > 1 for k in pooled.values()):  # said by the titles of what is drawn from it
+        out.attrs["pooled_over"] = {c: k for c, k in pooled.items() if k > 1}
+    return out
 
 
 def is_aggregate(df: pd.DataFrame) -> bool:

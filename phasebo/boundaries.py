@@ -48,6 +48,7 @@ column with ``regime=``.
 from __future__ import annotations
 
 import math
+import warnings
 import zlib
 from collections.abc import Sequence
 from statistics import NormalDist
@@ -374,6 +375,11 @@ def boundaries(df: pd.DataFrame, x: str, y: str, between: Sequence[str] = ("beni
             raise ValueError("fitting = 'not_overfitting' relabels the regime column; fix: "
                              "regime='regime', or relabel your own column")
         df = count_fitting(df, fitting)
+    seen = set(df[regime].astype(str))
+    absent = [r for r in between if r not in seen]
+    if absent:  # every slice would read all_A / all_B, or too_few: said, not left to the status
+        warnings.warn(f"boundaries: no run is {' or '.join(absent)} in these runs (they are "
+                      f"{', '.join(sorted(seen))}): no slice can have a boundary", stacklevel=2)
     keys = [y, *by]
     both = [c for c in over if c in (x, *keys)]
     if both:

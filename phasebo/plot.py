@@ -330,6 +330,8 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     tell its ends apart. Losses use a log scale when they span more than a factor 10. Cells
     without a value are light grey.
     """
+    if stat not in STATS:
+        raise ValueError(f"value_map: stat = {stat!r}; fix: one of {', '.join(STATS)}")
     cells = _cells(df, where, x, y)
     col = f"{value}_{stat}" if f"{value}_{stat}" in cells.columns else value
     if col not in cells.columns:
@@ -360,6 +362,10 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     _setup_axes(ax, x, y, logx, logy, xe, ye, xs if len(meshes) == 1 else None, ys)
     _overlay(ax, theory, xe, logx, ye)
     text = f"{_label(value)} ({stat} over seeds; {_seed_text(cells)})"
+    if value.endswith("_step") and not A.is_aggregate(df):  # a step only where it happened
+        k = A.finite_counts(A.select(df, where), [x, y], value)
+        text = (f"{_label(value)} ({stat} over the seeds where it happened: "
+                f"{_seeds(int(k.min()), int(k.max()))} per cell; {_seed_text(cells)})")
     if not np.isfinite(z).all():
         text += "\ngrey: no value" + (" (never happened in any seed)" if value.endswith("_step")
                                       else "")
@@ -367,6 +373,7 @@ def value_map(df: pd.DataFrame, value: str, x: str = "signal_norm", y: str = "d"
     return fig, ax
 
 
+STATS = ("mean", "se", "min", "max")  # what pb.aggregate gives of each metric
 MAX_PANELS = 12  # more slices than this: one file per slice instead of small multiples
 MAX_CASES = 40  # more cells than this: no cases figure (its table and report.html instead)
 

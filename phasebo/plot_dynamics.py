@@ -122,6 +122,8 @@ def attention_dynamics(dyn: pd.DataFrame, run: int | None = None, where: Mapping
     axes[-1].legend(handles=handles, fontsize=8, loc="center right")
     if own:  # which run this is: its settings and seed, its own regime, and of how many
         sel = A.select(dyn, where)
+        for c in A.cell_axes(sel):  # the run's own cell: its settings, any seed
+            sel = sel[sel[c].eq(d[c].iloc[0]) | (sel[c].isna() & pd.isna(d[c].iloc[0]))]
         keys = [k for k in ("source", "run_id") if k in sel.columns]
         n_runs = len(sel[keys].drop_duplicates()) if run is None else 1
         own_reg = (f"; this run {str(d['regime'].iloc[-1]).replace('_', ' ')} at step "
@@ -145,6 +147,18 @@ def _band(ax, d: pd.DataFrame, col: str, color, label, hue_keys=("source", "run_
         ax.fill_between(x, lo.to_numpy(), hi.to_numpy(), color=color, alpha=0.2, lw=0)
 
 
+def _no_pooling(d: pd.DataFrame, hue: Sequence[str] | None, what: str) -> None:
+    """Refuse lines that would average runs of different settings: every axis that varies in
+    ``d`` must be a ``hue`` (or tied to one); seeds are what a line averages."""
+    pooled = A.untied(d, A.other_axes(d, *(hue or ())))
+    if pooled:
+        verb = "varies" if len(pooled) == 1 else "vary"
+        fix = f"where = {{{pooled[0]!r}: ...}}" + (f" or hue = [{pooled[0]!r}]" if hue is not None
+                                                   else "")
+        raise ValueError(f"{what}: {', '.join(pooled)} {verb} in the selected runs: a line would "
+                         f"average them; fix: {fix}")
+
+
 def _n_runs(d: pd.DataFrame) -> int:
     keys = [k for k in ("source", "run_id") if k in d.columns]
     return len(d[keys].drop_duplicates())
@@ -158,6 +172,7 @@ def ss_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, ax=None, logx: 
     mean over the selected runs, bands their min–max.
     """
     d = A.select(dyn, where).copy()
+    _no_pooling(d, None, "ss_dynamics")
     d["ss_clean"] = d[["ss_clean_pos", "ss_clean_neg"]].mean(axis=1)
     d["ss_noisy"] = d[["ss_noisy_pos", "ss_noisy_neg"]].mean(axis=1)
     fig, ax = _new(ax, (6.0, 4.0))
@@ -191,6 +206,7 @@ def accuracy_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, hue: Sequ
     Delayed generalisation shows as a test loss that keeps falling long after train accuracy is 1.
     """
     d = A.select(dyn, where)
+    _no_pooling(d, list(hue or ()), "accuracy_dynamics")
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8), layout="constrained")
     fig = axes[0].figure
@@ -230,6 +246,7 @@ def gap_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, axes=None, n_r
     Mean over the selected runs, band min–max.
     """
     d = A.select(dyn, where)
+    _no_pooling(d, None, "gap_dynamics")
     nr = n_relevant or (int(d["n_relevant"].iloc[0]) if "n_relevant" in d.columns
                         and not pd.isna(d["n_relevant"].iloc[0]) else 1)  # 1: Magen's signal token
     gaps = TH.attention_gaps(d, n_relevant=nr)

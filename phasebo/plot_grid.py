@@ -186,6 +186,8 @@ def settings_text(df: pd.DataFrame, skip: Sequence[str] = ()) -> str:
         parts.append(f"{_num(v)} steps" if c == "steps" else f"{_num(v)} epochs" if c == "epochs"
                      else f"batch {_num(v)}" if c == "batch_size"
                      else f"τ {_num(v)}" if c == "flow_time" else f"{_short(c)} {_num(v)}")
+    for c, k in df.attrs.get("pooled_over", {}).items():  # cells of pb.aggregate(over=...)
+        parts.append(f"pooled over {_short(c)} ({k} values)")
     ref = one("test_reference")  # the regime rule, where not the default
     if isinstance(ref, str) and ref != default["test_reference"]:
         parts.append(f"benign against the {ref} runs' test acc")

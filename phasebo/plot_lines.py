@@ -28,8 +28,20 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         return regime_shares(df, x, ax=ax, where=where, logx=logx, title=title)
     runs = A.select(df, where)
     cells = runs if A.is_aggregate(runs) else None
+    if cells is not None and f"{value}_mean" not in cells.columns:  # test_acc_mean: test_acc
+        if value.endswith("_mean") and value in cells.columns:
+            value = value.removesuffix("_mean")
+        else:
+            have = [c.removesuffix("_mean") for c in cells.columns if c.endswith("_mean")]
+            raise ValueError(f"line_plot: no column {value}_mean in the cells; fix: value = a "
+                             f"metric they hold, e.g. {', '.join(have[:8]) or '(none)'}")
     if hue is None:
         hue = A.untied(runs, A.other_axes(runs, x)) if cells is None else []
+    elif cells is None and (pooled := A.untied(runs, A.other_axes(runs, x, *hue))):
+        raise ValueError(f"line_plot: {', '.join(pooled)} also "
+                         f"{'varies' if len(pooled) == 1 else 'vary'}: each point would average "
+                         f"them; fix: hue = [{pooled[0]!r}], where = {{{pooled[0]!r}: ...}}, or "
+                         f"pool them on purpose: pb.aggregate(runs, over=[{pooled[0]!r}])")
     # settings that follow a hue setting are named on its lines too: a model's depth, and a
     # title's setting where more than one line has it (T of two models; not the settings that
     # one model of two has and the other lacks)
@@ -70,7 +82,11 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
         int((runs["status"].astype(str) != "ok").sum())
     empty = "" if A.is_aggregate(runs) else ", ".join(  # cells with no value (no flipped sample)
         sorted({_num(v) for v in k[k == 0].index.get_level_values(0)}, key=float))
-    head = (f"{_label(value)}: mean ± SE over {_seeds(int(k.min()), int(k.max()))}"
+    over = _seeds(int(k.min()), int(k.max()))
+    if runs.attrs.get("pooled_over"):  # a point is the mean of its pooled runs, not of seeds
+        k = cells["n_runs"]
+        over = _seeds(int(k.min()), int(k.max())).replace("seed", "run")
+    head = (f"{_label(value)}: mean ± SE over {over}"
             + (f" ({failed_text(failed)})" if failed else "")
             + (f"; no value at {_short(x)} = {empty}" if empty else ""))
     # wrapped as the settings are: a long label would run off both sides of the figure

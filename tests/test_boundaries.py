@@ -633,3 +633,12 @@ def test_an_empty_table_is_said_to_be_empty():
     df = pd.DataFrame({"d": [], "signal_norm": [], "regime": [], "seed": []})
     with pytest.raises(ValueError, match="the table holds no runs"):
         boundaries(df, "signal_norm", "d", ("benign", "harmful"))
+
+
+def test_regimes_that_no_run_has_are_a_warning():
+    """("benign", "no_noise") on runs with label noise returned a table of all_A, silently."""
+    df = pd.DataFrame({"d": [100.0] * 4 + [200.0] * 4, "signal_norm": [1.0, 2.0, 4.0, 8.0] * 2,
+                       "regime": ["harmful", "harmful", "benign", "benign"] * 2, "seed": 0})
+    with pytest.warns(UserWarning, match="no run is no_noise in these runs"):
+        b = boundaries(df, "signal_norm", "d", ("benign", "no_noise"))
+    assert set(b["status"].astype(str)) <= {"all_A", "too_few"}

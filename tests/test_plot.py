@@ -570,3 +570,39 @@ def test_a_grid_value_whose_label_has_no_room_keeps_an_unlabelled_tick():
     np.testing.assert_allclose(marked, [0.025, 1e4, 1e20, 1e36])
     assert len(ax.get_xticks()) < 4  # one label left out: no room for it
     P.plt.close(fig)
+
+
+def test_no_figure_averages_runs_of_different_settings_unasked(sweep):
+    """The dynamics figures averaged every run of the table (d and ‖μ‖ of 100 cells, titled
+    "mean of 1000 runs"), line_plot(hue=[]) averaged an axis, and cells pooled with
+    aggregate(over=...) were titled as seeds of one cell."""
+    dyn, runs = pb.load_dynamics(sweep), pb.load(sweep)
+    for draw in (P.accuracy_dynamics, P.ss_dynamics, P.gap_dynamics):
+        with pytest.raises(ValueError, match="vary in the selected runs: a line would average"):
+            draw(dyn)
+    with pytest.raises(ValueError, match="signal_norm varies in the selected runs"):
+        P.accuracy_dynamics(dyn, where={"noise_ratio": 0.25})
+    with pytest.raises(ValueError, match="noise_ratio also varies: each point would average"):
+        P.line_plot(runs, "signal_norm", hue=[])
+    pooled = pb.aggregate(runs, over=["noise_ratio"])
+    assert pooled.attrs["pooled_over"] == {"noise_ratio": 3}
+    fig, ax = P.line_plot(pooled, "signal_norm", "test_acc")
+    assert "mean ± SE over 6 runs" in ax.get_title() and "pooled over r (3 values)" in \
+        ax.get_title().replace("\n", " ")
+    P.plt.close(fig)
+    # a cell's mean named as the aggregate's column is the metric; a missing one is one line
+    cells = pb.aggregate(runs)
+    fig, ax = P.line_plot(cells, "signal_norm", "test_acc_mean", where={"noise_ratio": 0.25})
+    P.plt.close(fig)
+    with pytest.raises(ValueError, match="no column test_acx_mean in the cells"):
+        P.line_plot(cells, "signal_norm", "test_acx", where={"noise_ratio": 0.25})
+    with pytest.raises(ValueError, match="stat = 'median'; fix: one of mean, se, min, max"):
+        P.value_map(runs, "test_acc", "signal_norm", "noise_ratio", stat="median")
+    # a step's mean is over the seeds where it happened, and the title says how many
+    fig, ax = P.value_map(runs, "noisy_fit_step", "signal_norm", "noise_ratio")
+    assert "mean over the seeds where it happened:" in ax.get_title()
+    P.plt.close(fig)
+    # one run's attention: of how many runs of its own cell (it counted the whole table)
+    fig, _ = P.attention_dynamics(dyn)
+    assert "1 of the cell's 2 runs" in fig._suptitle.get_text()
+    P.plt.close(fig)

@@ -185,6 +185,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     import hashlib
     import json
     import sys
+    import warnings
     from pathlib import Path
 
     import pandas as pd
@@ -237,12 +238,18 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
             step = [int(s) for s in step.split(",")]
             step = step[0] if len(step) == 1 else step
         df = load(args.results, "dynamics") if step is not None else load(args.results)
-        b = boundaries(df, args.x, args.y, between, by=split(args.by), over=split(args.over),
-                       n_boot=args.boot, step=None if step == "all" else step,
-                       fitting=args.fitting)
+        with warnings.catch_warnings(record=True) as said:  # printed below, one line each
+            warnings.simplefilter("always")
+            b = boundaries(df, args.x, args.y, between, by=split(args.by), over=split(args.over),
+                           n_boot=args.boot, step=None if step == "all" else step,
+                           fitting=args.fitting)
     except (ValueError, ConfigError, FileNotFoundError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    neither = len(b) and not int(b["n_runs"].sum())  # said below with what the runs are
+    for w in said:
+        if not (neither and str(w.message).startswith("boundaries: no run is")):
+            print(f"{name}: warning: {w.message}", file=sys.stderr)
     if out is None:  # the first sweep's directory (a results file: the directory holding it)
         first = Path(args.results[0])
         out = first if first.is_dir() else first.parent
