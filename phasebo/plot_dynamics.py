@@ -182,8 +182,10 @@ def ss_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, ax=None, logx: 
     ax.set_ylabel("s(1 − s),  s = mass on relevant tokens")
     _xstep(ax, logx)
     ax.legend(fontsize=8)
+    cell = settings_text(d)  # the cell the runs share (where's slice too)
     ax.set_title((f"{title}\n" if title else "")
-                 + f"diminishing updates (mean over {_n_runs(d)} runs, band min–max)", fontsize=10)
+                 + f"diminishing updates (mean over {_n_runs(d)} runs, band min–max)"
+                 + (f"\n{cell}" if cell and not title else ""), fontsize=10)
     return fig, ax
 
 
@@ -269,6 +271,9 @@ def gap_dynamics(dyn: pd.DataFrame, where: Mapping | None = None, axes=None, n_r
         ax.legend(fontsize=8)
     axes[0].set_title(f"gaps (mean of {_n_runs(gaps)} runs)", fontsize=10)
     axes[1].set_title("theory: g(gap) ≈ linear in step", fontsize=10)
+    cell = settings_text(d)  # the cell the runs share
+    if cell and fig.get_suptitle() == "":
+        fig.suptitle(cell, fontsize=10)
     return fig, np.asarray(axes)
 
 
