@@ -26,6 +26,7 @@ import html
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -194,7 +195,9 @@ def _boundaries(runs: pd.DataFrame, x: str, y: str | None, facets: list[str]) ->
         if a not in have or b not in have:
             continue
         try:
-            t = boundaries(runs, x, y, (a, b), by=facets)  # as `phasebo boundaries` gives it
+            with warnings.catch_warnings():  # a regime only failed runs have: no boundary, quietly
+                warnings.filterwarnings("ignore", "boundaries: no run is")
+                t = boundaries(runs, x, y, (a, b), by=facets)  # as `phasebo boundaries` gives it
         except ValueError:
             continue
         found = np.isfinite(t["boundary"].to_numpy(float)) & \
