@@ -242,7 +242,7 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
 
     fig, ax = _new(ax, figsize=(6.8, 4.6))
     ok = resolved(b)  # the slices the text calls found: placed, with a bounded interval
-    vals = np.sort(ok[y].unique())
+    vals = every = np.sort(ok[y].unique())
     if slices is None and len(vals) > 6:
         vals = vals[np.unique(np.round(np.linspace(0, len(vals) - 1, 6)).astype(int))]
     elif slices is not None:
@@ -270,7 +270,8 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     how = estimator_text(b)
     last = b[b["step"] == b["step"].max()] if len(b) else b  # the horizon: its step (and time)
     horizon = horizon_text(last).replace(" at ", " to ", 1).strip().replace(" ", "\u00a0")  # unbroken
-    sub = f"(95% intervals over {seeds}; slices with a bounded interval; recorded {horizon})"
+    shown = "" if len(vals) == len(every) else f"{len(vals)} of the {len(every)} "
+    sub = f"(95% intervals over {seeds}; {shown}slices with a bounded interval; recorded {horizon})"
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
                  f"{', ' + how if how else ''}\n{textwrap.fill(sub, 80)}", fontsize=10)
     if len(vals):

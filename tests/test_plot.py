@@ -83,6 +83,10 @@ def test_boundary_trajectory_draws_a_line_per_slice(tmp_path):
     rows[0]["n_seeds"] = 7
     fig, ax = P.boundary_trajectory(pd.DataFrame(rows), "signal_norm", "d")
     assert "95% intervals over 7–10 seeds" in ax.get_title()
+    # more slices than it draws (six, spread): the title says how many of them
+    many = [{**r, "d": d} for r in rows[:3] for d in (100, 200, 300, 400, 500, 600, 700)]
+    fig, ax = P.boundary_trajectory(pd.DataFrame(many), "signal_norm", "d")
+    assert len(ax.containers) == 6 and "6 of the 7 slices" in ax.get_title().replace("\n", " ")
 
 
 def test_regime_map_colours_are_the_cell_regimes(sweep, tmp_path):
