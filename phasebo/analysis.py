@@ -471,7 +471,8 @@ def aggregate(df: pd.DataFrame, by: Sequence[str] | None = None,
         (["regime"] if "regime" in out.columns else [])
     rest = [c for c in out.columns if c not in [*lead, *counts, *regime_cols]]
     out = out[[*lead, *counts, *regime_cols, *rest]]
-    pooled = {c: int(work[c].nunique(dropna=False)) for c in over}
+    pooled = {c: int(work[c].nunique(dropna=False)) for c in over
+              if c not in ("seed", "root_seed")}  # seeds are what a cell averages anyway
     if any(k > 1 for k in pooled.values()):  # said by the titles of what is drawn from it
         out.attrs["pooled_over"] = {c: k for c, k in pooled.items() if k > 1}
     return out

@@ -85,9 +85,12 @@ class SigintLatch:
 
     def __init__(self):
         self.hit = False
+        self.last = -1.0  # time.monotonic() of the last Ctrl-C handled (here or in a chunk loop)
 
     def __call__(self, signum, frame):
-        self.hit = True
+        if time.monotonic() - self.last < ECHO_S:
+            return  # the same Ctrl-C again (timeout's second delivery): already stopping
+        self.hit, self.last = True, time.monotonic()
         raise KeyboardInterrupt
 
     @classmethod
@@ -111,11 +114,14 @@ def _interruptible():
         return
 
     def handler(signum, frame):
-        now = time.monotonic()
-        if state.stop and now - state.first_at < ECHO_S:
+        if state.stop and time.monotonic() - state.first_at < ECHO_S:
             return  # the same Ctrl-C twice: `timeout -s INT` signals the process, then its group
-        if not state.stop:
-            state.first_at = now
+        try:
+            stop(signum)
+        finally:  # stamped once handled (its message printed): a slow stderr is not a pause
+            state.first_at = time.monotonic()
+
+    def stop(signum):
         if state.stop and state.compiling:
             raise AbandonedCompile
         if state.stop and state.computing:
@@ -135,8 +141,12 @@ def _interruptible():
                   "once; their runs are redone on resume)", file=sys.stderr, flush=True)
 
     old = signal.signal(signal.SIGINT, handler)
-    state.stop = isinstance(old, SigintLatch) and old.hit  # a Ctrl-C before, maybe swallowed
+    latch = old if isinstance(old, SigintLatch) else None
+    state.stop = latch is not None and latch.hit  # a Ctrl-C before, maybe swallowed
+    state.first_at = latch.last if latch is not None else -1.0  # its echo is no second Ctrl-C
     try:
         yield state
     finally:
+        if latch is not None and state.stop:  # an echo after the loop hands back: one Ctrl-C
+            latch.last = max(latch.last, state.first_at)
         signal.signal(signal.SIGINT, old)

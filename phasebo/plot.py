@@ -248,10 +248,12 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     elif slices is not None:
         vals = np.asarray(slices)
     cmap = plt.get_cmap("viridis")
+    drawn = []  # the slices drawn: the title's seeds and count are theirs
     for i, v in enumerate(vals):
         g = ok[np.isclose(ok[y].to_numpy(float), float(v))].sort_values("step")
         if g.empty:
             continue
+        drawn.append(g)
         # slices dodged a little along the log step axis: equal boundaries would hide each other
         st = g["step"].to_numpy(float) * 1.15 ** ((i - (len(vals) - 1) / 2) / max(len(vals) - 1, 1))
         bx = g["boundary"].to_numpy(float)
@@ -266,11 +268,12 @@ def boundary_trajectory(b: pd.DataFrame, x: str, y: str, slices: Sequence | None
     ax.set_xlabel("recorded step (slices dodged apart)" if len(vals) > 1 else "recorded step")
     ax.set_ylabel(f"boundary {_label(x)}")
     # the seeds each point rests on: a slice at an early step may hold fewer with both regimes
-    seeds = _seeds(int(ok["n_seeds"].min()), int(ok["n_seeds"].max())) if len(ok) else "0 seeds"
+    on = pd.concat(drawn) if drawn else ok
+    seeds = _seeds(int(on["n_seeds"].min()), int(on["n_seeds"].max())) if len(on) else "0 seeds"
     how = estimator_text(b)
     last = b[b["step"] == b["step"].max()] if len(b) else b  # the horizon: its step (and time)
     horizon = horizon_text(last).replace(" at ", " to ", 1).strip().replace(" ", "\u00a0")  # unbroken
-    shown = "" if len(vals) == len(every) else f"{len(vals)} of the {len(every)} "
+    shown = "" if len(drawn) == len(every) else f"{len(drawn)} of the {len(every)} "
     sub = f"(95% intervals over {seeds}; {shown}slices with a bounded interval; recorded {horizon})"
     ax.set_title(title or f"boundary {b['between'].iloc[0].replace('/', ' / ').replace('_', ' ')} over time"
                  f"{', ' + how if how else ''}\n{textwrap.fill(sub, 80)}", fontsize=10)
@@ -417,6 +420,8 @@ def facet_maps(df: pd.DataFrame, x: str = "signal_norm", y: str = "d", value: st
     :func:`fixed_scale`, else the range of every panel). Each panel is titled by its slice;
     the figure's title states the seeds and the settings every panel shares. ``fig.slices``:
     the panels' slices, in order."""
+    if stat not in STATS:
+        raise ValueError(f"facet_maps: stat = {stat!r}; fix: one of {', '.join(STATS)}")
     df = A.select(df, where)
     facets = list(A.untied(df, A.other_axes(df, x, y)) if facets is None else facets)
     slices = facet_slices(df, facets)

@@ -97,8 +97,12 @@ def failed_text(n: int) -> str:
 
 
 def _seed_text(cells: pd.DataFrame) -> str:
-    k = cells["n_seeds"].to_numpy()
     f = int(cells["n_failed"].sum()) if "n_failed" in cells.columns else 0
+    if cells.attrs.get("pooled_over"):  # a cell of aggregate(over=...): the ok runs it pools
+        k = cells["n_ok"].to_numpy()
+        return _seeds(int(k.min()), int(k.max())).replace("seed", "run") + " per cell (pooled)" \
+            + (f", {failed_text(f)}" if f else "")
+    k = cells["n_seeds"].to_numpy()
     s = _seeds(int(k.min()), int(k.max())) + " per cell"
     return s + (f", {failed_text(f)}" if f else "")
 

@@ -37,7 +37,7 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
                              f"metric they hold, e.g. {', '.join(have[:8]) or '(none)'}")
     if hue is None:
         hue = A.untied(runs, A.other_axes(runs, x)) if cells is None else []
-    elif cells is None and (pooled := A.untied(runs, A.other_axes(runs, x, *hue))):
+    if pooled := A.untied(runs, A.other_axes(runs, x, *hue)):  # runs or cells alike
         raise ValueError(f"line_plot: {', '.join(pooled)} also "
                          f"{'varies' if len(pooled) == 1 else 'vary'}: each point would average "
                          f"them; fix: hue = [{pooled[0]!r}], where = {{{pooled[0]!r}: ...}}, or "
@@ -83,8 +83,8 @@ def line_plot(df: pd.DataFrame, x: str, value: str = "test_acc", hue: Sequence[s
     empty = "" if A.is_aggregate(runs) else ", ".join(  # cells with no value (no flipped sample)
         sorted({_num(v) for v in k[k == 0].index.get_level_values(0)}, key=float))
     over = _seeds(int(k.min()), int(k.max()))
-    if runs.attrs.get("pooled_over"):  # a point is the mean of its pooled runs, not of seeds
-        k = cells["n_runs"]
+    if runs.attrs.get("pooled_over"):  # a point is the mean of its pooled ok runs, not seeds
+        k = cells["n_ok"]
         over = _seeds(int(k.min()), int(k.max())).replace("seed", "run")
     head = (f"{_label(value)}: mean ± SE over {over}"
             + (f" ({failed_text(failed)})" if failed else "")

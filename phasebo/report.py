@@ -511,8 +511,11 @@ def standard_figures(results_dir, out_dir=None, formats=("png",), dpi=150) -> li
             else dyn
         if n_cells > 6:  # a line per chosen cell: every axis that tells them apart names it
             keys = [k for k in keys if sel[k].nunique(dropna=False) > 1] or keys[:1]
-        fig, _ = P.accuracy_dynamics(sel, hue=keys or None)
-        paths += P.save(fig, out / "accuracy_dynamics", formats, dpi)
+        try:  # cells told apart by no axis it names (two models alone) would be averaged
+            fig, _ = P.accuracy_dynamics(sel, hue=keys or None)
+            paths += P.save(fig, out / "accuracy_dynamics", formats, dpi)
+        except ValueError as e:
+            print(f"phasebo.plot: skipped the accuracy dynamics figure: {e}", file=sys.stderr)
     return paths
 
 

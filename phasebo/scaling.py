@@ -258,7 +258,8 @@ def summary(b: pd.DataFrame, x: str, y: str, model: str | None = None) -> str:
                         "of grid-gap midpoints and says little")
             t = horizon_text(b[b[STEP] == r[STEP]]).removeprefix(f" at step {int(r[STEP])}")
             lines.append(f"  step {int(r[STEP])}{t}: {int(r['n_found'])} of {int(r['n_slices'])} "
-                         f"slices in the fit ({placed(b[b[STEP] == r[STEP]], y)}); {fit}")
+                         f"slices placed with a bounded interval ({placed(b[b[STEP] == r[STEP]], y)}); "
+                         f"{fit}")
         return "\n".join(lines)
     counts = b["status"].astype(str).value_counts()
     lines = [f"boundary {b['between'].iloc[0]} along {x}{rule}{horizon_text(b)}, "

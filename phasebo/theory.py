@@ -129,12 +129,12 @@ THEORY_EXPONENTS = {
 
 def theory_exponent(x: str, y: str, model: str | None = None) -> tuple[float, str] | None:
     """The theory's exponent of the boundary along ``x`` against the slice axis ``y``, and where
-    it comes from; single-head GD's step-1 exponent is said beside it unless ``model`` names
-    another model."""
+    it comes from; single-head GD's step-1 exponent is said beside it where ``model`` is
+    single_head (not for another model, mixed models or an unknown one)."""
     if (x, y) not in THEORY_EXPONENTS:
         return None
     exponent, where, step1 = THEORY_EXPONENTS[(x, y)]
-    return exponent, where + (f" ({step1})" if model in (None, "single_head") else "")
+    return exponent, where + (f" ({step1})" if model == "single_head" else "")
 
 
 def g(x, T):

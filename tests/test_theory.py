@@ -143,5 +143,6 @@ def test_theory_exponents_are_the_theory_modules_slopes():
     # single-head GD's step-1 exponent is said for single_head's runs, not for another model's
     assert "single-head GD at step 1: 4" in theory_exponent("d", "signal_norm", "single_head")[1]
     assert "single-head" not in theory_exponent("d", "signal_norm", "prompt_attention")[1]
+    assert "single-head" not in theory_exponent("d", "signal_norm")[1]  # mixed or unknown
     # the step-1 closed form of single-head GD: -1/2 along snr, as the table says
     assert slope(lambda n: th.magen_step1_snr(n, 30.0, 0.1)) == pytest.approx(-0.5)

@@ -260,7 +260,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
     # writes its own files, never over these
     # several result directories pooled: their own files name them (a hash of the directories),
     # so a pooled analysis never replaces one sweep's own analysis beside its runs
-    sources = sorted(str(Path(r).resolve()) for r in args.results)
+    sources = sorted({str((Path(r) if Path(r).is_dir() else Path(r).parent).resolve())
+                      for r in args.results})  # a directory given twice, or with its table: one
     pool = "" if len(sources) == 1 else \
         f"_pooled-{hashlib.sha1(chr(10).join(sources).encode()).hexdigest()[:8]}"
     what = f"{between[0]}_{between[1]}_along_{args.x}_per_{args.y}" + "".join(
@@ -286,7 +287,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         for key, g in b.groupby(split(args.by), sort=True, dropna=False):
             key = key if isinstance(key, tuple) else (key,)
             print(", ".join(f"{k} = {v}" for k, v in zip(split(args.by), key)) + ": "
-                  + summary(g, args.x, args.y, model))
+                  + summary(g, args.x, args.y, dict(zip(split(args.by), key)).get("model", model)))
     else:
         print(summary(b, args.x, args.y, model))
     if len(b) and not int(b["n_runs"].sum()):  # nothing to place: say what the runs are instead
@@ -324,7 +325,7 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         tag = "".join(f"_{k}={v:g}" if isinstance(v, float) else f"_{k}={v}"
                       for k, v in zip(by, key))
         if "step" in g.columns and g["step"].nunique() > 1:
-            figs.append((f"boundary_trajectory_{what}{rule}{tag}", tag,
+            figs.append((f"boundary_trajectory_{what}{when}{rule}{tag}", tag,
                          lambda g=g: boundary_trajectory(g, args.x, args.y)[0]))
             continue
         runs = df if "step" not in df.columns else df[df["step"].isin(g["step"].unique())]
@@ -348,7 +349,11 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
         try:
             fig = draw()
         except ValueError as e:  # the runs do not tile a map: the table stands alone
-            print(f"no figure{tag.replace('_', ' ')}: {e}", file=sys.stderr)
+            for f in old:  # an earlier run's figure is not of these tables
+                f.unlink()
+            print(f"no figure{tag.replace('_', ' ')}: {e}" + (
+                f" (removed {', '.join(map(str, old))}, an earlier run's)" if old else ""),
+                file=sys.stderr)
             continue
         replaced = any((out / f"{fname}.{f}").exists() for f in formats)
         print(("figure (replaced): " if replaced else "figure: ") + ", ".join(
