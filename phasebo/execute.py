@@ -35,7 +35,7 @@ import numpy as np
 from . import config as C
 from .config import key_ids, key_words
 from .grid import chunk_arrays, chunks, group_pieces, select
-from .interrupt import _Background, _in_worker, _interruptible
+from .interrupt import Background, in_worker, interruptible
 from .plan import next_width
 from .registry import get_model, resolve_engine
 from .results import done_run_ids, output_columns, rows, write_table_atomic
@@ -268,7 +268,7 @@ class Executor:
         if check_columns is not None and active:
             check_columns(columns)
         try:
-            with _interruptible() as interrupted:
+            with interruptible() as interrupted:
                 self._chunk_loop(spec, pl.n_dev, active, parts, stats, bar, max_chunks,
                                  interrupted)
         except KeyboardInterrupt as e:
@@ -300,7 +300,7 @@ class Executor:
                         raise KeyboardInterrupt
                     t = time.perf_counter()
                     if ahead is None:
-                        compiled = _in_worker(self.compile, g, lowered, n_dev)
+                        compiled = in_worker(self.compile, g, lowered, n_dev)
                     else:
                         compiled = ahead.result()
                         stats.compile_beside_s += max(0.0, ahead.seconds
@@ -317,7 +317,7 @@ class Executor:
                     # an H200's runs (16 host cores) did not help: the trained-W map (16
                     # programs), 133 s one at a time, was not done after 150 s
                     nxt = active[k + 1]
-                    ahead = _Background(self.compile, nxt[0], nxt[2], n_dev)
+                    ahead = Background(self.compile, nxt[0], nxt[2], n_dev)
                 bar.resume()
                 for item in stream:
                     if interrupted.stop:
@@ -339,7 +339,7 @@ class Executor:
                     interrupted.saving = True  # a Ctrl-C from here on stops after the writes
                     interrupted.computing = True
                     try:
-                        out, m = _in_worker(self.compute, compiled, arrays, unit,
+                        out, m = in_worker(self.compute, compiled, arrays, unit,
                                             lambda: interrupted.stop, tick)
                     finally:
                         interrupted.computing = False

@@ -30,7 +30,7 @@ ECHO_S = 0.02
 
 
 @dataclasses.dataclass
-class _Interrupt:
+class Interrupt:
     stop: bool = False  # a Ctrl-C came: stop before the next chunk
     saving: bool = False  # a chunk is being computed and written: let it finish
     computing: bool = False  # its blocks are computing (a second Ctrl-C gives them up)
@@ -38,16 +38,16 @@ class _Interrupt:
     first_at: float = -1.0  # time.monotonic() of the first Ctrl-C
 
 
-def _in_worker(fn: Callable, *args):
+def in_worker(fn: Callable, *args):
     """``fn(*args)`` in a daemon thread while this (main) thread waits in short sleeps, so a signal
     handler runs within ~0.1 s even while a compiled block computes for minutes (a C call in
     the main thread would hold it off until the block returns). Re-raises what ``fn`` raised."""
-    return _Background(fn, *args, daemon=True).result()
+    return Background(fn, *args, daemon=True).result()
 
 
-class _Background:
+class Background:
     """``fn(*args)`` started in a thread of its own (a compile beside the runs, or a chunk:
-    :func:`_in_worker`). A compile's thread is not a daemon: an interpreter that exits waits for
+    :func:`in_worker`). A compile's thread is not a daemon: an interpreter that exits waits for
     it rather than tearing JAX down under a running compile. :meth:`result` waits in short
     sleeps, so signal handlers run meanwhile."""
 
@@ -81,7 +81,7 @@ class SigintLatch:
     """A SIGINT handler for a command's start (:meth:`install`): it raises KeyboardInterrupt as
     Python's own does, and remembers that it did, so that a Ctrl-C Python swallowed (raised
     inside a garbage-collector callback, which jax registers, while a program is traced) still
-    stops the sweep when :func:`_interruptible` takes over."""
+    stops the sweep when :func:`interruptible` takes over."""
 
     def __init__(self):
         self.hit = False
@@ -100,7 +100,7 @@ class SigintLatch:
 
 
 @contextlib.contextmanager
-def _interruptible():
+def interruptible():
     """SIGINT sets ``stop``, which the chunk loop reads before every chunk; outside a chunk's
     compute and writes it also raises KeyboardInterrupt at once (a compile or the plan stops
     there). A chunk being computed when the Ctrl-C comes dispatches no further block, finishes
@@ -108,7 +108,7 @@ def _interruptible():
     raises :class:`Abandoned` at once (a stiff flow's block can take minutes). (The flag also
     stops the sweep when Python swallows the exception, as it does inside a garbage-collector
     callback, which jax registers.)"""
-    state = _Interrupt()
+    state = Interrupt()
     if threading.current_thread() is not threading.main_thread():
         yield state
         return

@@ -406,14 +406,14 @@ def test_the_stop_message_names_sigterm_only_where_the_command_line_stops_on_it(
     import signal
 
     from phasebo.cli.sweep import SigtermAsSigint
-    from phasebo.interrupt import _interruptible
+    from phasebo.interrupt import interruptible
 
     old = signal.getsignal(signal.SIGTERM)
     try:
         for term, words in ((signal.SIG_DFL, "(Ctrl-C again: at once;"),
                             (SigtermAsSigint(), "(Ctrl-C or SIGTERM again: at once;")):
             signal.signal(signal.SIGTERM, term)
-            with _interruptible() as state:
+            with interruptible() as state:
                 state.computing = state.saving = True
                 signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # the first Ctrl-C
             assert state.stop and words in capsys.readouterr().err

@@ -5,13 +5,13 @@ import time
 
 import pytest
 
-from phasebo.interrupt import ECHO_S, Abandoned, _interruptible
+from phasebo.interrupt import ECHO_S, Abandoned, interruptible
 
 
 def test_one_ctrl_c_delivered_twice_at_once_is_one_and_a_later_second_gives_up():
     """GNU ``timeout -s INT`` signals the command and then its process group: the sweep got two
     SIGINTs at once and gave up its blocks in flight, as for a person's second Ctrl-C."""
-    with _interruptible() as state:
+    with interruptible() as state:
         state.computing = state.saving = True
         handler = signal.getsignal(signal.SIGINT)
         handler(signal.SIGINT, None)
@@ -35,7 +35,7 @@ def test_the_echo_of_a_ctrl_c_that_left_the_chunk_loop_is_not_a_second_one():
     time.sleep(2 * ECHO_S)
     before = signal.signal(signal.SIGINT, latch)
     try:
-        with pytest.raises(KeyboardInterrupt), _interruptible():  # nothing saving: it stops
+        with pytest.raises(KeyboardInterrupt), interruptible():  # nothing saving: it stops
             signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
         assert signal.getsignal(signal.SIGINT) is latch
         assert latch(signal.SIGINT, None) is None  # the echo, handed to the latch: ignored

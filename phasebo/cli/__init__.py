@@ -313,7 +313,8 @@ def boundaries_main(argv: list[str] | None = None, prog: str | None = None) -> i
             rows += [{**key, "step": int(st), **power_law_row(gs, args.x, args.y)}
                      for st, gs in g.groupby("step", sort=True)]
     pd.DataFrame(rows).to_csv(out / f"{stem}_fit.csv", index=False)
-    from ..plot import boundary_figure, boundary_trajectory, save
+    if not args.no_plots:  # a table-only analysis does not import the figures
+        from ..plot import boundary_figure, boundary_trajectory, save
 
     figs = []  # (file name, () -> figure): drawn, or with --no-plots an earlier one removed
     by = split(args.by)

@@ -305,7 +305,7 @@ class SigtermAsSigint:
     it came, so that the command exits 143 (128 + SIGTERM), as a terminated process does, where a
     Ctrl-C exits 130."""
 
-    stops_as_ctrl_c = True  # read by the SIGINT handler's messages (interrupt._interruptible)
+    stops_as_ctrl_c = True  # read by the SIGINT handler's messages (interrupt.interruptible)
 
     def __init__(self):
         self.hit = False
